@@ -1,0 +1,44 @@
+# Every target builds what it needs: on a fresh machine `make train` and `make test` are enough.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: train test test-fast lint bench lessons clean
+
+$(VENV)/.stamp-base: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.stamp-dev: $(VENV)/.stamp-base
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+# The oracle (a CPU build of torch) is only for tests and benchmarks; see README to skip it.
+$(VENV)/.stamp-oracle: $(VENV)/.stamp-base
+	$(PIP) install -e '.[oracle]' || echo "torch could not be installed: oracle tests will skip"
+	touch $@
+
+train: $(VENV)/.stamp-base
+	$(PY) -m decoder.train $(ARGS)
+
+test: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle
+	$(PY) -m pytest -n 2 $(ARGS)
+
+# Without the oracle: the torch comparisons skip with a reason.
+test-fast: $(VENV)/.stamp-dev
+	$(PY) -m pytest -n 2 $(ARGS)
+
+lint: $(VENV)/.stamp-dev
+	$(PY) -m ruff check minigrad decoder tests bench
+	$(PY) -m ruff format --check minigrad decoder tests bench
+
+bench: $(VENV)/.stamp-oracle
+	$(PY) bench/overhead.py
+
+lessons: $(VENV)/.stamp-dev
+	$(VENV)/bin/jupyter notebook lessons/
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

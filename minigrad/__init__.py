@@ -1,0 +1,69 @@
+"""minigrad: a small reverse-mode autograd engine over NumPy (and CuPy) arrays.
+
+    import minigrad as mg
+    x = mg.randn(3, 4, requires_grad=True)
+    loss = (x.tanh() @ mg.ones(4)).sum()
+    loss.backward()          # x.grad now holds d(loss)/dx
+"""
+
+from minigrad.autograd import Function, is_grad_enabled, no_grad
+from minigrad.backend import cuda_available
+from minigrad.creation import (
+    arange,
+    default_rng,
+    full,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from minigrad.gradcheck import GradcheckError, gradcheck
+from minigrad.tensor import (
+    Tensor,
+    concatenate,
+    matmul,
+    maximum,
+    split,
+    stack,
+    take_along_axis,
+    where,
+)
+
+float32 = "float32"
+float64 = "float64"
+int64 = "int64"
+
+__all__ = [
+    "Function",
+    "GradcheckError",
+    "Tensor",
+    "arange",
+    "concatenate",
+    "cuda_available",
+    "default_rng",
+    "float32",
+    "float64",
+    "full",
+    "gradcheck",
+    "int64",
+    "is_grad_enabled",
+    "manual_seed",
+    "matmul",
+    "maximum",
+    "no_grad",
+    "ones",
+    "ones_like",
+    "rand",
+    "randn",
+    "split",
+    "stack",
+    "take_along_axis",
+    "tensor",
+    "where",
+    "zeros",
+    "zeros_like",
+]

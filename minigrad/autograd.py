@@ -1,0 +1,253 @@
+"""The reverse-mode autograd engine: Function, Context, grad mode, unbroadcast and backward.
+
+A ``Function`` subclass holds one op's math as two static methods on raw arrays:
+``forward(ctx, *arrays, **params)`` and ``backward(ctx, grad_out)``. ``Function.apply`` runs
+``forward`` on the ``.data`` of its Tensor inputs and, when gradients are wanted, records the
+inputs on a ``Context`` attached to the output: that record *is* the graph.
+
+``backward(root)`` walks the graph in reverse topological order. Three rules live here and
+nowhere else, so every op's backward stays textbook-simple:
+
+1. unbroadcast: a gradient is summed back to its input's shape (see ``unbroadcast``);
+2. accumulation: a tensor used twice receives the sum of both contributions;
+3. freeing: after a backward, every Context drops what it saved, unless ``retain_graph``.
+
+The walk is iterative (micrograd's recursive walk dies near depth 1000). Left out on purpose:
+higher-order gradients (backward is not itself recorded), hooks, and in-place ops.
+Follows the design of minitorch (``autodiff.py``) and tinygrad v0.8 (``mlops.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from minigrad.backend import device_of, xp_of
+
+if TYPE_CHECKING:
+    from minigrad.tensor import Tensor
+
+_grad_enabled = True
+_tensor_cls: type | None = None  # set by tensor.py: the engine builds outputs of this class
+
+
+def register_tensor_class(cls: type) -> None:
+    """Called once by ``minigrad.tensor`` so the engine can build outputs without an import cycle."""
+    global _tensor_cls
+    _tensor_cls = cls
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class no_grad:
+    """Context manager (and decorator) in which ops record no graph, as ``torch.no_grad``.
+
+    >>> import minigrad as mg
+    >>> w = mg.ones(2, requires_grad=True)
+    >>> with mg.no_grad():
+    ...     y = w * 2
+    >>> y.requires_grad
+    False
+    """
+
+    def __enter__(self) -> None:
+        global _grad_enabled
+        self._prev = _grad_enabled
+        _grad_enabled = False
+
+    def __exit__(self, *exc: object) -> None:
+        global _grad_enabled
+        _grad_enabled = self._prev
+
+    def __call__(self, fn):  # used as @no_grad()
+        def wrapper(*args, **kwargs):
+            with no_grad():
+                return fn(*args, **kwargs)
+
+        wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+        return wrapper
+
+
+class Context:
+    """What one op remembers between its forward and its backward.
+
+    Arrays that backward needs go through ``save_for_backward`` (read back as ``ctx.saved``);
+    small settings (an axis, a shape) may be plain attributes. ``release`` drops all of it.
+    """
+
+    freed = False
+
+    def save_for_backward(self, *arrays: Any) -> None:
+        self.saved = arrays
+
+    def release(self) -> None:
+        # subtle: clearing __dict__ also drops the inputs, so the whole graph can be collected.
+        name = self.fn.__name__
+        self.__dict__.clear()
+        self.fn_name, self.freed = name, True
+
+
+class Function:
+    """Base class of every op. Subclasses define ``forward`` and ``backward`` on raw arrays.
+
+    ``backward`` returns one gradient per Tensor input (a tuple, or a bare array for one input),
+    shaped like the *output* broadcast: the engine sums it back to each input's shape. It may
+    return None for an input that needs no gradient (see ``ctx.needs_input_grad``).
+    """
+
+    @staticmethod
+    def forward(ctx: Context, *arrays: Any, **params: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx: Context, grad_out: Any) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *inputs: Tensor, **params: Any) -> Tensor:
+        """Run the op on Tensors and, if any input requires grad, record it in the graph."""
+        ctx = Context()
+        try:
+            out = cls.forward(ctx, *[t.data for t in inputs], **params)
+        except Exception as e:
+            _raise_if_devices_differ(cls.__name__, inputs, e)
+            raise
+        if isinstance(out, np.generic):  # numpy reductions return scalars; keep arrays throughout
+            out = np.asarray(out)
+        if _grad_enabled:
+            needs = tuple([t.requires_grad for t in inputs])
+            if True in needs:
+                ctx.fn, ctx.inputs, ctx.needs_input_grad = cls, inputs, needs
+                result = _tensor_cls._from_op(out, True)
+                result._ctx = ctx
+                return result
+        return _tensor_cls._from_op(out, False)
+
+
+def _raise_if_devices_differ(op: str, inputs: tuple, error: Exception) -> None:
+    """Called when a forward fails: turn a CPU/GPU mix into an error that says so.
+
+    Checking devices only after a failure keeps the check off the hot path: NumPy and CuPy
+    both refuse to mix their arrays, so a mix always lands here.
+    """
+    devices = [device_of(t.data) for t in inputs if hasattr(t.data, "shape")]
+    if len(set(devices)) > 1:
+        raise RuntimeError(
+            f"{op}: inputs are on different devices {devices}; "
+            f"move them to one device first with .to('cpu') or .to('cuda')"
+        ) from error
+
+
+def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
+    """Sum ``grad`` over the axes that broadcasting added or stretched, to get back ``shape``.
+
+    If x of shape (3, 1) was broadcast to (2, 3, 4) in the forward pass, each x element fed
+    2 * 4 outputs, so its gradient is the sum of theirs: sum over axis 0 (added) and the
+    last axis (stretched from 1).
+
+    >>> unbroadcast(np.ones((2, 3, 4)), (3, 1)).tolist()
+    [[8.0], [8.0], [8.0]]
+    >>> unbroadcast(np.ones((2, 3)), ()).item()
+    6.0
+    """
+    if grad.shape == shape:
+        return grad
+    extra = grad.ndim - len(shape)
+    stretched = tuple(i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1)
+    grad = grad.sum(axis=tuple(range(extra)) + stretched, keepdims=True)
+    return grad.reshape(shape)
+
+
+def topological_order(root: Tensor) -> list[Tensor]:
+    """Every non-leaf tensor that ``root`` depends on, each after all of its inputs.
+
+    An iterative depth-first search: a stack of (node, children_done) pairs replaces the call
+    stack, so a chain of any depth works.
+    """
+    order: list[Tensor] = []
+    visited: set[int] = set()
+    stack = [(root, False)]
+    push, pop, seen = stack.append, stack.pop, visited.add  # bound once: this loop is hot
+    while stack:
+        node, children_done = pop()
+        if children_done:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        seen(id(node))
+        push((node, True))
+        ctx = node._ctx
+        if not ctx.freed:
+            for parent in ctx.inputs:
+                if parent._ctx is not None and id(parent) not in visited:
+                    push((parent, False))
+    return order
+
+
+def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None:
+    """Backpropagate from ``root``: add d(root)/d(leaf) (times ``grad``) into every leaf's .grad."""
+    if not root.requires_grad:
+        raise RuntimeError(
+            "backward() on a tensor that does not require grad: no input of the computation "
+            "had requires_grad=True (or it ran under no_grad())"
+        )
+    xp = xp_of(root.data)
+    if grad is None:
+        if root.data.size != 1:
+            raise RuntimeError(
+                f"backward() on a non-scalar tensor of shape {root.shape} needs a gradient: "
+                f"pass grad= with that shape, or reduce it first (e.g. .sum() or .mean())"
+            )
+        grad = xp.ones_like(root.data)
+    else:
+        grad = xp.asarray(getattr(grad, "data", grad), dtype=root.data.dtype)
+        if grad.shape != root.shape:
+            raise ValueError(f"backward(): grad has shape {grad.shape}, expected {root.shape}")
+    if root._ctx is None:  # a leaf: nothing to walk
+        _accumulate_leaf(root, grad)
+        return
+
+    grads = {id(root): grad}  # gradients of non-leaf tensors, filled as the walk reaches them
+    for node in reversed(topological_order(root)):
+        grad_out = grads.pop(id(node), None)
+        if grad_out is None:  # not on a path from root (cannot happen for a connected graph)
+            continue
+        ctx = node._ctx
+        if ctx.freed:
+            raise RuntimeError(
+                f"backward through a graph that was already freed (at {ctx.fn_name}): the first "
+                f"backward() released its saved arrays; pass retain_graph=True to it to go twice"
+            )
+        if node._retains_grad:
+            node.grad = grad_out if node.grad is None else node.grad + grad_out
+        input_grads = ctx.fn.backward(ctx, grad_out)
+        if type(input_grads) is not tuple:
+            input_grads = (input_grads,)
+        for t, need, g in zip(ctx.inputs, ctx.needs_input_grad, input_grads):
+            if not need or g is None:
+                continue
+            if g.shape != t.data.shape:
+                g = unbroadcast(g, t.data.shape)
+            dtype = t.data.dtype
+            if g.dtype is not dtype and g.dtype != dtype:  # `is` first: dtypes are singletons
+                g = g.astype(dtype)
+            if t._ctx is None:
+                _accumulate_leaf(t, g)
+            else:
+                key = id(t)
+                # subtle: never add in place: g may be the very array another input received.
+                grads[key] = grads[key] + g if key in grads else g
+        if not retain_graph:
+            ctx.release()
+
+
+def _accumulate_leaf(t: Tensor, g: Any) -> None:
+    if t.grad is None:
+        # a copy: g may be shared with another input (Add passes one array to both) or read-only
+        t.grad = g.copy()
+    else:
+        t.grad += g

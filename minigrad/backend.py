@@ -1,0 +1,126 @@
+"""The array backend: NumPy on the CPU, CuPy on an NVIDIA GPU, behind one small interface.
+
+Every op in minigrad works on raw arrays and asks this module for the array namespace
+(``xp``) that owns them, so the same ``forward``/``backward`` code runs on both.
+
+Left out on purpose: multiple GPUs (``"cuda"`` means the current device), mixed host/device
+arithmetic (mixing raises), and any automatic transfer (moves are explicit, as in PyTorch).
+
+CuPy is imported only the first time a CUDA array is asked for, so a laptop without it never
+pays for (or fails on) the import.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+DEVICES = ("cpu", "cuda")
+
+_cupy: ModuleType | None = None
+
+
+def _import_cupy() -> ModuleType:
+    """Import cupy once, turning both "not installed" and "no GPU" into one clear error."""
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy
+        except ImportError as e:
+            raise RuntimeError(
+                "device 'cuda' needs CuPy, which is not installed. "
+                "Install the GPU extra: pip install -e '.[gpu]' (needs an NVIDIA GPU and CUDA 12)."
+            ) from e
+        try:
+            n_gpus = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # the CUDA runtime raises its own error types
+            raise RuntimeError(f"device 'cuda' asked for, but CuPy cannot reach a GPU: {e}") from e
+        if n_gpus == 0:
+            raise RuntimeError("device 'cuda' asked for, but no NVIDIA GPU is visible to CuPy.")
+        _cupy = cupy
+    return _cupy
+
+
+def cuda_available() -> bool:
+    """True when CuPy imports and sees at least one GPU (never raises)."""
+    try:
+        _import_cupy()
+    except RuntimeError:
+        return False
+    return True
+
+
+def check_device(device: str) -> str:
+    """Normalise a device name ("cuda:0" -> "cuda") or raise naming the accepted ones.
+
+    >>> check_device("cpu")
+    'cpu'
+    """
+    name = device.split(":")[0] if isinstance(device, str) else device
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {device!r}: use one of {DEVICES}")
+    return name
+
+
+def get_xp(device: str = "cpu") -> ModuleType:
+    """The array namespace for a device: numpy for "cpu", cupy for "cuda"."""
+    return np if check_device(device) == "cpu" else _import_cupy()
+
+
+def xp_of(array: Any) -> ModuleType:
+    """The array namespace that owns ``array`` (numpy unless it is a CuPy array).
+
+    >>> xp_of(np.zeros(2)).__name__
+    'numpy'
+    """
+    # subtle: test the exact type first: it is the hot path and avoids importing cupy.
+    if type(array) is np.ndarray or _cupy is None:
+        return np
+    return _cupy if isinstance(array, _cupy.ndarray) else np
+
+
+def device_of(array: Any) -> str:
+    """ "cpu" or "cuda", by the array's type.
+
+    >>> device_of(np.ones(3))
+    'cpu'
+    """
+    return "cpu" if xp_of(array) is np else "cuda"
+
+
+def to_device(array: Any, device: str) -> Any:
+    """Move an array to a device (a no-op when it is already there)."""
+    device = check_device(device)
+    if device_of(array) == device:
+        return array
+    if device == "cuda":
+        return _import_cupy().asarray(array)
+    return array.get()  # cupy -> numpy
+
+
+def to_numpy(array: Any) -> np.ndarray:
+    """A NumPy copy-or-view of any backend array.
+
+    >>> to_numpy(np.arange(3)).tolist()
+    [0, 1, 2]
+    """
+    return array if xp_of(array) is np else array.get()
+
+
+def scatter_add(target: Any, index: Any, values: Any) -> None:
+    """In place, ``target[index] += values`` with repeated indices adding up (np.add.at).
+
+    Plain ``target[index] += values`` keeps only one contribution per repeated index, which is
+    the classic wrong embedding gradient; this is the one place we do it right on both backends.
+
+    >>> t = np.zeros(3); scatter_add(t, np.array([0, 0, 2]), np.array([1.0, 1.0, 5.0])); t
+    array([2., 0., 5.])
+    """
+    if xp_of(target) is np:
+        np.add.at(target, index, values)
+    else:
+        import cupyx
+
+        cupyx.scatter_add(target, index, values)

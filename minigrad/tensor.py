@@ -1,0 +1,475 @@
+"""Tensor: an array, its gradient, and the operators that record the graph.
+
+A ``Tensor`` wraps a NumPy (or CuPy) array in ``.data``. Every method that computes something
+calls an op's ``Function.apply`` (``minigrad/ops``), which is where the graph is recorded; this
+file only turns Python syntax (``a + b``, ``x[1:]``, ``x.sum(-1)``) into those calls, lifting
+Python numbers and arrays to constant Tensors on the way.
+
+Dtypes follow PyTorch: float32 by default for Python floats, int64 for ints, and NumPy arrays
+keep their dtype; only floating tensors may require grad. Composite methods (``var``,
+``softmax``-free helpers such as ``squeeze``, ``stack``, ``split``) are built from the ops, so
+their gradients need no code of their own. Left out on purpose: in-place ops, views that share
+gradient storage, complex numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from minigrad import autograd
+from minigrad.backend import check_device, device_of, to_device, to_numpy, xp_of
+from minigrad.ops import elementwise as E
+from minigrad.ops import index as I
+from minigrad.ops import matmul as M
+from minigrad.ops import movement as V
+from minigrad.ops import reduce as R
+
+DEFAULT_FLOAT = np.float32  # the dtype of Tensors made from Python floats, as in PyTorch
+
+
+class Tensor:
+    """An n-dimensional array that remembers how it was computed, for backpropagation."""
+
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_retains_grad", "__weakref__")
+    __array_ufunc__ = None  # ndarray (op) Tensor defers to Tensor's reflected operators
+
+    def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None, device=None):
+        if isinstance(data, Tensor):
+            data = data.data
+        if not hasattr(data, "dtype"):  # Python numbers and (nested) lists
+            data = np.asarray(data)
+            if dtype is None and data.dtype == np.float64:
+                dtype = DEFAULT_FLOAT  # Python floats become float32, as in PyTorch
+        data = xp_of(data).asarray(data, dtype=dtype)
+        if device is not None:
+            data = to_device(data, device)
+        self.data = data
+        self.grad = None
+        self.requires_grad = False
+        self._ctx = None
+        self._retains_grad = False
+        if requires_grad:
+            self.requires_grad_()
+
+    @classmethod
+    def _from_op(cls, data: Any, requires_grad: bool) -> Tensor:
+        """The engine's fast constructor: data is already an array of the right kind."""
+        t = object.__new__(cls)
+        t.data, t.grad, t.requires_grad, t._ctx, t._retains_grad = data, None, requires_grad, None, False
+        return t
+
+    # ---- properties ------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def device(self) -> str:
+        return device_of(self.data)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._ctx is None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        dev = ", device='cuda'" if self.device == "cuda" else ""
+        body = np.array2string(to_numpy(self.data), separator=", ", prefix="tensor(")
+        return f"tensor({body}, dtype={self.dtype}{dev}{grad})"
+
+    def __bool__(self) -> bool:
+        if self.size != 1:
+            raise ValueError(
+                f"the truth value of a tensor with {self.size} elements is ambiguous: "
+                f"use .any() or .all()"
+            )
+        return bool(self.item())
+
+    # ---- autograd --------------------------------------------------------------------------
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        if flag and self.dtype.kind != "f":
+            raise TypeError(
+                f"only floating-point tensors can require gradients, got dtype {self.dtype}: "
+                f"cast first with .float() or .double()"
+            )
+        self.requires_grad = flag
+        return self
+
+    def retain_grad(self) -> None:
+        """Keep .grad on this non-leaf tensor after backward (leaves always keep theirs)."""
+        self._retains_grad = True
+
+    def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
+        """Add d(self)/d(leaf) into ``.grad`` of every leaf that requires grad."""
+        autograd.backward(self, grad, retain_graph)
+
+    def detach(self) -> Tensor:
+        """The same data, cut off from the graph."""
+        return Tensor._from_op(self.data, False)
+
+    def zero_grad(self) -> None:
+        self.grad = None
+
+    # ---- conversion ------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        return to_numpy(self.data)
+
+    def item(self) -> float | int | bool:
+        if self.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return self.data.item()
+
+    def tolist(self) -> Any:
+        return to_numpy(self.data).tolist()
+
+    def to(self, device: str) -> Tensor:
+        """A copy on ``device`` ("cpu" or "cuda"); gradients flow back across the move."""
+        device = check_device(device)
+        if device == self.device:
+            return self
+        return ToDevice.apply(self, device=device)
+
+    def astype(self, dtype: Any) -> Tensor:
+        if np.dtype(dtype) == self.dtype:
+            return self
+        return E.Cast.apply(self, dtype=np.dtype(dtype))
+
+    def float(self) -> Tensor:
+        return self.astype(np.float32)
+
+    def double(self) -> Tensor:
+        return self.astype(np.float64)
+
+    def long(self) -> Tensor:
+        return self.astype(np.int64)
+
+    # ---- arithmetic ------------------------------------------------------------------------
+    def _lift(self, other: Any) -> Tensor:
+        """A Python number or an array as a constant Tensor (outside the graph) beside self.
+
+        subtle: a Python number stays a Python number inside the constant: NumPy then treats
+        it as "weak", so float32 * 2.0 stays float32, and we skip building a 0-d array.
+        """
+        if isinstance(other, Tensor):
+            return other
+        if isinstance(other, (int, float, bool)):
+            return Tensor._from_op(other, False)
+        return Tensor._from_op(xp_of(self.data).asarray(other), False)
+
+    def __add__(self, other):
+        return E.Add.apply(self, self._lift(other))
+
+    def __radd__(self, other):
+        return E.Add.apply(self._lift(other), self)
+
+    def __sub__(self, other):
+        return E.Sub.apply(self, self._lift(other))
+
+    def __rsub__(self, other):
+        return E.Sub.apply(self._lift(other), self)
+
+    def __mul__(self, other):
+        return E.Mul.apply(self, self._lift(other))
+
+    def __rmul__(self, other):
+        return E.Mul.apply(self._lift(other), self)
+
+    def __truediv__(self, other):
+        return E.Div.apply(self, self._lift(other))
+
+    def __rtruediv__(self, other):
+        return E.Div.apply(self._lift(other), self)
+
+    def __pow__(self, other):
+        return E.Pow.apply(self, self._lift(other))
+
+    def __rpow__(self, other):
+        return E.Pow.apply(self._lift(other), self)
+
+    def __matmul__(self, other):
+        return M.MatMul.apply(self, self._lift(other))
+
+    def __rmatmul__(self, other):
+        return M.MatMul.apply(self._lift(other), self)
+
+    def __neg__(self):
+        return E.Neg.apply(self)
+
+    # Comparisons give boolean tensors and record no graph (they have no useful gradient).
+    def _compare(self, other, op) -> Tensor:
+        other = other.data if isinstance(other, Tensor) else other
+        return Tensor._from_op(op(self.data, other), False)
+
+    def __lt__(self, other):
+        return self._compare(other, np.less)
+
+    def __le__(self, other):
+        return self._compare(other, np.less_equal)
+
+    def __gt__(self, other):
+        return self._compare(other, np.greater)
+
+    def __ge__(self, other):
+        return self._compare(other, np.greater_equal)
+
+    def __eq__(self, other):  # elementwise, as in NumPy and PyTorch
+        return self._compare(other, np.equal)
+
+    def __ne__(self, other):
+        return self._compare(other, np.not_equal)
+
+    __hash__ = object.__hash__  # identity hashing, kept although == is elementwise
+
+    # ---- unary math ------------------------------------------------------------------------
+    def exp(self) -> Tensor:
+        return E.Exp.apply(self)
+
+    def log(self) -> Tensor:
+        return E.Log.apply(self)
+
+    def sqrt(self) -> Tensor:
+        return E.Sqrt.apply(self)
+
+    def tanh(self) -> Tensor:
+        return E.Tanh.apply(self)
+
+    def sigmoid(self) -> Tensor:
+        return E.Sigmoid.apply(self)
+
+    def relu(self) -> Tensor:
+        return E.Relu.apply(self)
+
+    def abs(self) -> Tensor:
+        return E.Abs.apply(self)
+
+    def clip(self, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
+        if min is None and max is None:
+            raise ValueError("clip: give at least one of min and max")
+        return E.Clip.apply(self, lo=min, hi=max)
+
+    def maximum(self, other) -> Tensor:
+        return E.Maximum.apply(self, self._lift(other))
+
+    def where(self, cond, other) -> Tensor:
+        """``cond ? self : other`` (torch's ``Tensor.where``)."""
+        return where(cond, self, other)
+
+    def masked_fill(self, mask, value: float) -> Tensor:
+        """``value`` where ``mask`` is True, self elsewhere; mask broadcasts against self."""
+        return where(mask, value, self)
+
+    # ---- reductions ------------------------------------------------------------------------
+    def sum(self, axis=None, keepdims: bool = False) -> Tensor:
+        return R.Sum.apply(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims: bool = False) -> Tensor:
+        return R.Mean.apply(self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis=None, keepdims: bool = False) -> Tensor:
+        return R.Max.apply(self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis=None, keepdims: bool = False) -> Tensor:
+        return -((-self).max(axis=axis, keepdims=keepdims))
+
+    def var(self, axis=None, keepdims: bool = False, correction: int = 0) -> Tensor:
+        """Mean squared deviation, divided by n - correction.
+
+        correction=0 is NumPy's default (and what LayerNorm uses); torch.var defaults to 1.
+        """
+        n = math.prod(self.shape[a] for a in R.normalize_axes(axis, self.ndim))
+        centered = self - self.mean(axis=axis, keepdims=True)
+        return (centered * centered).sum(axis=axis, keepdims=keepdims) / (n - correction)
+
+    def argmax(self, axis=None) -> Tensor:
+        """Indices of the maxima (an integer tensor, outside the graph)."""
+        return Tensor._from_op(xp_of(self.data).argmax(self.data, axis=axis), False)
+
+    # ---- shape -----------------------------------------------------------------------------
+    def reshape(self, *shape) -> Tensor:
+        shape = _shape_arg(shape)
+        return self if shape == self.shape else V.Reshape.apply(self, shape=shape)
+
+    view = reshape
+
+    def transpose(self, *axes) -> Tensor:
+        """Permute axes (NumPy's rule); with no axes, reverse them."""
+        axes = _shape_arg(axes) or tuple(reversed(range(self.ndim)))
+        if sorted(a % self.ndim for a in axes) != list(range(self.ndim)):
+            raise ValueError(f"transpose: {axes} is not a permutation of {self.ndim} axes")
+        return V.Transpose.apply(self, axes=tuple(a % self.ndim for a in axes))
+
+    def swapaxes(self, a: int, b: int) -> Tensor:
+        axes = list(range(self.ndim))
+        axes[a], axes[b] = axes[b], axes[a]
+        return self.transpose(*axes)
+
+    @property
+    def T(self) -> Tensor:
+        return self.transpose()
+
+    def expand(self, *shape) -> Tensor:
+        """Broadcast to ``shape`` without copying (-1 keeps a size)."""
+        shape = _shape_arg(shape)
+        lead = len(shape) - self.ndim
+        shape = tuple(
+            self.shape[i - lead] if n == -1 and i >= lead else n for i, n in enumerate(shape)
+        )
+        return self if shape == self.shape else V.Expand.apply(self, shape=shape)
+
+    def broadcast_to(self, shape) -> Tensor:
+        return self.expand(*shape)
+
+    def squeeze(self, axis=None) -> Tensor:
+        """Drop size-1 axes (all of them, or the ones named)."""
+        axes = range(self.ndim) if axis is None else R.normalize_axes(axis, self.ndim)
+        for a in axes:
+            if axis is not None and self.shape[a] != 1:
+                raise ValueError(f"squeeze: axis {a} has size {self.shape[a]}, not 1")
+        return self.reshape(*(n for i, n in enumerate(self.shape) if not (i in axes and n == 1)))
+
+    def unsqueeze(self, axis: int) -> Tensor:
+        """Insert a size-1 axis at ``axis`` (negative counts from the end of the new shape)."""
+        axis = axis % (self.ndim + 1)
+        return self.reshape(*self.shape[:axis], 1, *self.shape[axis:])
+
+    def flatten(self, start_axis: int = 0) -> Tensor:
+        return self.reshape(*self.shape[:start_axis], -1)
+
+    def __getitem__(self, index) -> Tensor:
+        return I.GetItem.apply(self, index=_index_arg(index))
+
+    def gather(self, axis: int, index) -> Tensor:
+        """torch.gather: out[..i..] = self[..index[..i..]..] along ``axis``."""
+        return take_along_axis(self, index, axis)
+
+    def split(self, sections, axis: int = 0) -> list[Tensor]:
+        return split(self, sections, axis)
+
+    def matmul(self, other) -> Tensor:
+        return self @ other
+
+
+class ToDevice(autograd.Function):
+    """z = x on another device;  dz/dx moves the gradient back to x's device."""
+
+    @staticmethod
+    def forward(ctx, x, device="cpu"):
+        ctx.device = device_of(x)
+        return to_device(x, device)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return to_device(grad_out, ctx.device)
+
+
+autograd.register_tensor_class(Tensor)
+
+
+def _shape_arg(shape: tuple) -> tuple[int, ...]:
+    """Accept f(2, 3) and f((2, 3)) alike."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def _index_arg(index):
+    """Replace Tensors inside an index with their arrays (lists become arrays too)."""
+    if isinstance(index, tuple):
+        return tuple(_index_arg(i) for i in index)
+    if isinstance(index, Tensor):
+        return index.data
+    if isinstance(index, list):
+        return np.asarray(index)
+    return index
+
+
+# ---- functions over several tensors ----------------------------------------------------------
+def _as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    return like._lift(x) if like is not None else Tensor(x)
+
+
+def where(cond, x, y) -> Tensor:
+    """``x`` where ``cond`` is True, else ``y``; all three broadcast together."""
+    like = x if isinstance(x, Tensor) else y if isinstance(y, Tensor) else None
+    x, y = _as_tensor(x, like), _as_tensor(y, like)
+    cond = cond if isinstance(cond, Tensor) else Tensor._from_op(xp_of(x.data).asarray(cond), False)
+    if cond.dtype != bool:
+        raise TypeError(f"where: the condition must be boolean, got dtype {cond.dtype}")
+    return E.Where.apply(cond, x, y)
+
+
+def maximum(x, y) -> Tensor:
+    like = x if isinstance(x, Tensor) else y
+    return E.Maximum.apply(_as_tensor(x, like), _as_tensor(y, like))
+
+
+def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    if len(tensors) == 0:
+        raise ValueError("concatenate needs at least one tensor")
+    tensors = [_as_tensor(t) for t in tensors]
+    return V.Concatenate.apply(*tensors, axis=axis % tensors[0].ndim)
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join along a new axis: each tensor gains a size-1 axis, then they are concatenated."""
+    if len(tensors) == 0:
+        raise ValueError("stack needs at least one tensor")
+    tensors = [_as_tensor(t) for t in tensors]
+    shapes = {t.shape for t in tensors}
+    if len(shapes) > 1:
+        raise ValueError(f"stack: every tensor must have the same shape, got {sorted(shapes)}")
+    axis = axis % (tensors[0].ndim + 1)
+    return concatenate([t.unsqueeze(axis) for t in tensors], axis=axis)
+
+
+def split(x: Tensor, sections: int | Sequence[int], axis: int = 0) -> list[Tensor]:
+    """Split into pieces of the given sizes (a list) or into ``sections`` equal pieces (an int)."""
+    n = x.shape[axis]
+    if isinstance(sections, int):
+        if n % sections:
+            raise ValueError(f"split: axis {axis} of size {n} does not divide into {sections}")
+        sizes = [n // sections] * sections
+    else:
+        sizes = list(sections)
+        if sum(sizes) != n:
+            raise ValueError(f"split: sizes {sizes} add up to {sum(sizes)}, not to {n}")
+    pieces, start = [], 0
+    index = [slice(None)] * x.ndim
+    for size in sizes:
+        index[axis] = slice(start, start + size)
+        pieces.append(x[tuple(index)])
+        start += size
+    return pieces
+
+
+def take_along_axis(x: Tensor, indices, axis: int) -> Tensor:
+    """NumPy's take_along_axis (torch.gather with the arguments reordered)."""
+    indices = indices if isinstance(indices, Tensor) else Tensor(np.asarray(indices))
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"take_along_axis: indices must be integers, got dtype {indices.dtype}")
+    return I.TakeAlongAxis.apply(x, indices, axis=axis)
+
+
+def matmul(x, y) -> Tensor:
+    return _as_tensor(x) @ y

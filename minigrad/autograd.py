@@ -113,7 +113,7 @@ class Function:
         try:
             out = cls.forward(ctx, *[t.data for t in inputs], **params)
         except Exception as e:
-            _raise_if_devices_differ(cls.__name__, inputs, e)
+            _explain_failure(cls.__name__, inputs, e)
             raise
         if isinstance(out, np.generic):  # numpy reductions return scalars; keep arrays throughout
             out = np.asarray(out)
@@ -127,17 +127,24 @@ class Function:
         return _tensor_cls._from_op(out, False)
 
 
-def _raise_if_devices_differ(op: str, inputs: tuple, error: Exception) -> None:
-    """Called when a forward fails: turn a CPU/GPU mix into an error that says so.
+def _explain_failure(op: str, inputs: tuple, error: Exception) -> None:
+    """Called when a forward fails: re-raise the two common mistakes with a clearer message.
 
-    Checking devices only after a failure keeps the check off the hot path: NumPy and CuPy
-    both refuse to mix their arrays, so a mix always lands here.
+    Checking only after a failure keeps the checks off the hot path: NumPy and CuPy both
+    refuse to mix their arrays and to broadcast mismatched shapes, so both always land here.
     """
-    devices = [device_of(t.data) for t in inputs if hasattr(t.data, "shape")]
+    arrays = [t.data for t in inputs if hasattr(t.data, "shape")]
+    devices = [device_of(a) for a in arrays]
     if len(set(devices)) > 1:
         raise RuntimeError(
             f"{op}: inputs are on different devices {devices}; "
             f"move them to one device first with .to('cpu') or .to('cuda')"
+        ) from error
+    if isinstance(error, ValueError) and "broadcast" in str(error):
+        shapes = " and ".join(str(a.shape) for a in arrays)
+        raise ValueError(
+            f"{op}: shapes {shapes} do not broadcast together: aligned from the right, each "
+            f"pair of sizes must be equal or one of them 1 (reshape or unsqueeze an input)"
         ) from error
 
 

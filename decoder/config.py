@@ -1,0 +1,245 @@
+"""Configuration: the model's shape (ModelConfig), the training recipe (TrainConfig), named
+presets, and type-checked ``--key=value`` overrides.
+
+Both configs are plain dataclasses with a default and a one-line reason per field, as
+nanoGPT's ``GPTConfig``. A checkpoint stores them (``asdict``) beside the weights, so a saved
+run can always be rebuilt. Overrides are parsed against the field's type, never ``exec``'d.
+Left out on purpose: YAML/TOML config files (a preset plus overrides covers our runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+FFNS = ("gelu", "swiglu")
+NORMS = ("layer", "rms")
+NORM_POSITIONS = ("pre", "post")
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 65  # tiny Shakespeare has 65 distinct characters
+    block_size: int = 64  # the context length: the most tokens the model attends over
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # query heads per attention layer
+    n_kv_head: int | None = None  # key/value heads (GQA); None means n_head (multi-head)
+    n_embd: int = 128  # the residual stream's width
+    ffn: str = "gelu"  # "gelu": GPT-2's MLP; "swiglu": Llama's gated unit
+    ffn_hidden: int | None = None  # hidden width; None: 4 * n_embd (gelu), ~8/3 * n_embd (swiglu)
+    norm: str = "layer"  # "layer": LayerNorm (GPT-2); "rms": RMSNorm (Llama)
+    norm_position: str = "pre"  # "pre": norm inside the residual branch (GPT-2 and later)
+    parallel_block: bool = False  # attention and FFN side by side, as in PaLM and Falcon
+    pos: str = "learned"  # one of POSITIONS
+    rope_theta: float = 10000.0  # RoPE's base wavelength (the RoFormer paper's value)
+    dropout: float = 0.0  # on attention weights, residual branches and embeddings
+    bias: bool = False  # biases in Linear and LayerNorm; nanoGPT finds them unnecessary
+    tie_weights: bool = True  # lm_head shares the token embedding matrix (Press & Wolf 2017)
+    attn_impl: str = "auto"  # "naive", "flash" or "auto" (see F.scaled_dot_product_attention)
+
+    def __post_init__(self) -> None:
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.ffn_hidden is None:
+            # swiglu has three matrices, so 2/3 of 4x keeps the parameter count of gelu's two
+            hidden = 4 * self.n_embd if self.ffn == "gelu" else int(8 * self.n_embd / 3)
+            self.ffn_hidden = (hidden + 7) // 8 * 8  # a multiple of 8, kind to matmul kernels
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a ValueError naming the first invalid field or combination."""
+        _choice("ffn", self.ffn, FFNS)
+        _choice("norm", self.norm, NORMS)
+        _choice("norm_position", self.norm_position, NORM_POSITIONS)
+        _choice("pos", self.pos, POSITIONS)
+        _choice("attn_impl", self.attn_impl, ("naive", "flash", "auto"))
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"ModelConfig.{name} must be at least 1, got {getattr(self, name)}"
+                )
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
+                f"each head gets n_embd / n_head dimensions"
+            )
+        if self.n_head % self.n_kv_head:
+            raise ValueError(
+                f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head}): "
+                f"each key/value head serves an equal group of query heads"
+            )
+        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(
+                f"pos='rope' rotates pairs of dimensions, so the head size "
+                f"({self.n_embd // self.n_head}) must be even"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.parallel_block and self.norm_position == "post":
+            raise ValueError("parallel_block=True needs norm_position='pre' (PaLM's layout)")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 12  # sequences per step
+    max_iters: int = 2000  # optimiser steps
+    lr: float = 1e-3  # peak learning rate, reached after warmup
+    min_lr: float = 1e-4  # the floor of the cosine decay (lr / 10, as Chinchilla suggests)
+    warmup_iters: int = 100  # linear warmup steps
+    lr_decay_iters: int | None = None  # steps of cosine decay; None means max_iters
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.99  # a little below 0.999, because each step sees few tokens
+    weight_decay: float = 0.1  # on matrices only (see minigrad.optim)
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    eval_interval: int = 250  # steps between evaluations (and checkpoints)
+    eval_iters: int = 20  # batches averaged per evaluation
+    log_interval: int = 10  # steps between progress-bar updates of the loss
+    seed: int = 1337  # seeds weights, batches and dropout
+    device: str = "cpu"  # "cpu" or "cuda"
+    dtype: str = "float32"  # parameter and activation dtype
+    tokenizer: str = "char"  # "char", "bpe" (trained here) or "gpt2" (tiktoken)
+    bpe_vocab_size: int = 512  # vocabulary size when tokenizer == "bpe"
+    sample_tokens: int = 300  # tokens printed as a sample at the end
+    sample_prompt: str = "\n"  # the prompt of that sample
+
+    def __post_init__(self) -> None:
+        if self.lr_decay_iters is None:
+            self.lr_decay_iters = self.max_iters
+        _choice("device", self.device, ("cpu", "cuda"))
+        _choice("dtype", self.dtype, ("float32", "float64"))
+        _choice("tokenizer", self.tokenizer, ("char", "bpe", "gpt2"))
+        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"TrainConfig.{name} must be at least 1, got {getattr(self, name)}"
+                )
+        if self.warmup_iters < 0 or self.min_lr > self.lr:
+            raise ValueError("need warmup_iters >= 0 and min_lr <= lr")
+
+
+@dataclass
+class Preset:
+    description: str
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "shakespeare-char": Preset(
+        "nanoGPT's CPU Shakespeare run: 4 layers, 4 heads, 128 wide, context 64, 2000 steps",
+        model=dict(block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0),
+        train=dict(batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100),
+    ),
+    "shakespeare-char-modern": Preset(
+        "the same budget with RoPE, RMSNorm, SwiGLU and grouped-query attention (2 KV heads)",
+        model=dict(
+            block_size=64,
+            n_layer=4,
+            n_head=4,
+            n_kv_head=2,
+            n_embd=128,
+            dropout=0.0,
+            pos="rope",
+            norm="rms",
+            ffn="swiglu",
+        ),  # fmt: skip
+        train=dict(batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100),
+    ),
+    "baby-gpt": Preset(
+        "nanoGPT's GPU Shakespeare run: 6 layers, 6 heads, 384 wide, context 256, 5000 steps",
+        model=dict(block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
+        train=dict(
+            batch_size=64,
+            max_iters=5000,
+            lr=1e-3,
+            min_lr=1e-4,
+            warmup_iters=100,
+            eval_iters=200,
+            device="cuda",
+        ),  # fmt: skip
+    ),
+    "tiny": Preset(
+        "seconds on a laptop: for tests and lessons",
+        model=dict(block_size=32, n_layer=2, n_head=2, n_embd=32),
+        train=dict(
+            batch_size=8,
+            max_iters=100,
+            lr=3e-3,
+            min_lr=3e-4,
+            warmup_iters=10,
+            eval_interval=50,
+            eval_iters=5,
+            sample_tokens=100,
+        ),  # fmt: skip
+    ),
+}
+DEFAULT_PRESET = "shakespeare-char"
+
+
+def _choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {choices}")
+
+
+def parse_value(name: str, text: str, annotation: str) -> Any:
+    """Parse an override's text by its field's annotation (a string, as dataclasses keep it).
+
+    >>> parse_value("n_layer", "6", "int"), parse_value("bias", "true", "bool")
+    (6, True)
+    >>> parse_value("n_kv_head", "none", "int | None") is None
+    True
+    """
+    kinds = [k.strip() for k in annotation.split("|")]
+    if "None" in kinds and text.lower() in ("none", "null"):
+        return None
+    kind = next(k for k in kinds if k != "None")
+    try:
+        if kind == "bool":
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+        return {"int": int, "float": float, "str": str}[kind](text)
+    except ValueError:
+        raise ValueError(f"--{name}={text!r}: expected a value of type {kind}") from None
+
+
+def build_configs(
+    preset: str = DEFAULT_PRESET, overrides: dict[str, str] | None = None, **extra: Any
+) -> tuple[ModelConfig, TrainConfig]:
+    """A preset's configs with ``overrides`` (text, as from the command line) applied.
+
+    Each key must be a field of ModelConfig or TrainConfig; ``extra`` takes typed values.
+
+    >>> m, t = build_configs("tiny", {"n_layer": "3", "lr": "0.01"})
+    >>> m.n_layer, t.lr
+    (3, 0.01)
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: choose one of {sorted(PRESETS)}")
+    p = PRESETS[preset]
+    model_kw, train_kw = dict(p.model), dict(p.train)
+    model_fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    train_fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    typed = {
+        k: parse_value(k, v, _field(k, model_fields, train_fields).type)
+        for k, v in (overrides or {}).items()
+    }
+    for key, value in {**typed, **extra}.items():
+        _field(key, model_fields, train_fields)
+        (model_kw if key in model_fields else train_kw)[key] = value
+    return ModelConfig(**model_kw), TrainConfig(**train_kw)
+
+
+def _field(key: str, model_fields: dict, train_fields: dict) -> dataclasses.Field:
+    if key in model_fields:
+        return model_fields[key]
+    if key in train_fields:
+        return train_fields[key]
+    known = ", ".join(sorted([*model_fields, *train_fields]))
+    raise ValueError(f"unknown setting {key!r}; the settings are: {known}")

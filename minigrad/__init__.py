@@ -1,9 +1,9 @@
 """minigrad: a small reverse-mode autograd engine over NumPy (and CuPy) arrays.
 
-    import minigrad as mg
-    x = mg.randn(3, 4, requires_grad=True)
-    loss = (x.tanh() @ mg.ones(4)).sum()
-    loss.backward()          # x.grad now holds d(loss)/dx
+import minigrad as mg
+x = mg.randn(3, 4, requires_grad=True)
+loss = (x.tanh() @ mg.ones(4)).sum()
+loss.backward()          # x.grad now holds d(loss)/dx
 """
 
 from minigrad.autograd import Function, is_grad_enabled, no_grad

@@ -33,7 +33,7 @@ _tensor_cls: type | None = None  # set by tensor.py: the engine builds outputs o
 
 
 def register_tensor_class(cls: type) -> None:
-    """Called once by ``minigrad.tensor`` so the engine can build outputs without an import cycle."""
+    """Called once by ``minigrad.tensor``, so the engine builds outputs without an import cycle."""
     global _tensor_cls
     _tensor_cls = cls
 
@@ -140,7 +140,8 @@ def _explain_failure(op: str, inputs: tuple, error: Exception) -> None:
             f"{op}: inputs are on different devices {devices}; "
             f"move them to one device first with .to('cpu') or .to('cuda')"
         ) from error
-    if isinstance(error, ValueError) and "broadcast" in str(error):
+    # NumPy and CuPy both say "operands could not be broadcast"; our own ops word theirs better
+    if isinstance(error, ValueError) and "could not be broadcast" in str(error):
         shapes = " and ".join(str(a.shape) for a in arrays)
         raise ValueError(
             f"{op}: shapes {shapes} do not broadcast together: aligned from the right, each "
@@ -163,7 +164,9 @@ def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
     if grad.shape == shape:
         return grad
     extra = grad.ndim - len(shape)
-    stretched = tuple(i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1)
+    stretched = tuple(
+        i + extra for i, n in enumerate(shape) if n == 1 and grad.shape[i + extra] != 1
+    )
     grad = grad.sum(axis=tuple(range(extra)) + stretched, keepdims=True)
     return grad.reshape(shape)
 
@@ -230,11 +233,12 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
                 f"backward() released its saved arrays; pass retain_graph=True to it to go twice"
             )
         if node._retains_grad:
-            node.grad = grad_out if node.grad is None else node.grad + grad_out
+            # a copy, as for leaves: grad_out may be shared with a sibling input or read-only
+            node.grad = grad_out.copy() if node.grad is None else node.grad + grad_out
         input_grads = ctx.fn.backward(ctx, grad_out)
         if type(input_grads) is not tuple:
             input_grads = (input_grads,)
-        for t, need, g in zip(ctx.inputs, ctx.needs_input_grad, input_grads):
+        for t, need, g in zip(ctx.inputs, ctx.needs_input_grad, input_grads, strict=True):
             if not need or g is None:
                 continue
             if g.shape != t.data.shape:

@@ -34,7 +34,9 @@ def _shape(shape: tuple) -> tuple[int, ...]:
     return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
 
 
-def tensor(data: Any, dtype: Any = None, requires_grad: bool = False, device: str = "cpu") -> Tensor:
+def tensor(
+    data: Any, dtype: Any = None, requires_grad: bool = False, device: str = "cpu"
+) -> Tensor:
     """A new tensor holding a copy of ``data`` (a number, nested lists, or an array).
 
     >>> tensor([1.0, 2.0]).dtype, tensor([1, 2]).dtype

@@ -59,7 +59,13 @@ class Tensor:
     def _from_op(cls, data: Any, requires_grad: bool) -> Tensor:
         """The engine's fast constructor: data is already an array of the right kind."""
         t = object.__new__(cls)
-        t.data, t.grad, t.requires_grad, t._ctx, t._retains_grad = data, None, requires_grad, None, False
+        t.data, t.grad, t.requires_grad, t._ctx, t._retains_grad = (
+            data,
+            None,
+            requires_grad,
+            None,
+            False,
+        )
         return t
 
     # ---- properties ------------------------------------------------------------------------
@@ -149,9 +155,12 @@ class Tensor:
         return ToDevice.apply(self, device=device)
 
     def astype(self, dtype: Any) -> Tensor:
-        if np.dtype(dtype) == self.dtype:
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype:
             return self
-        return E.Cast.apply(self, dtype=np.dtype(dtype))
+        if dtype.kind != "f":  # as in PyTorch, only floating tensors carry gradients
+            return Tensor._from_op(self.data.astype(dtype), False)
+        return E.Cast.apply(self, dtype=dtype)
 
     def float(self) -> Tensor:
         return self.astype(np.float32)
@@ -171,6 +180,8 @@ class Tensor:
         """
         if isinstance(other, Tensor):
             return other
+        if isinstance(other, np.generic):  # a NumPy scalar counts as a Python number, as in torch
+            other = other.item()
         if isinstance(other, (int, float, bool)):
             return Tensor._from_op(other, False)
         return Tensor._from_op(xp_of(self.data).asarray(other), False)

@@ -100,7 +100,9 @@ class TakeAlongAxis(Function):
             )
         n = x.shape[axis]
         if index.size and (int(index.min()) < -n or int(index.max()) >= n):
-            raise IndexError(f"take_along_axis: an index is out of range for axis {axis} of size {n}")
+            raise IndexError(
+                f"take_along_axis: an index is out of range for axis {axis} of size {n}"
+            )
         ctx.shape, ctx.axis = x.shape, axis
         ctx.save_for_backward(index)
         return xp_of(x).take_along_axis(x, index, axis=axis)

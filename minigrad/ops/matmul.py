@@ -19,7 +19,9 @@ class MatMul(Function):
     @staticmethod
     def forward(ctx, x, y):
         if x.ndim == 0 or y.ndim == 0:
-            raise ValueError("matmul: both operands need at least one dimension (use * for scalars)")
+            raise ValueError(
+                "matmul: both operands need at least one dimension (use * for scalars)"
+            )
         if x.shape[-1] != y.shape[-2 if y.ndim > 1 else 0]:
             raise ValueError(
                 f"matmul: shapes {x.shape} and {y.shape} do not align: "
@@ -36,10 +38,11 @@ class MatMul(Function):
         # Promote 1-D operands so the 2-D formulas apply: x (k,) -> (1, k), y (k,) -> (k, 1).
         x2 = x[None, :] if x.ndim == 1 else x
         y2 = y[:, None] if y.ndim == 1 else y
-        if x.ndim == 1:
-            grad_out = grad_out[..., None, :]  # the removed row axis comes back
+        # subtle: the column axis first, so that 1-D @ 1-D (a 0-d result) becomes (1, 1)
         if y.ndim == 1:
             grad_out = grad_out[..., None]  # the removed column axis comes back
+        if x.ndim == 1:
+            grad_out = grad_out[..., None, :]  # the removed row axis comes back
         grad_x = grad_out @ y2.swapaxes(-1, -2) if need_x else None  # (..., n, k)
         grad_y = x2.swapaxes(-1, -2) @ grad_out if need_y else None  # (..., k, m)
         if need_x and x.ndim == 1:

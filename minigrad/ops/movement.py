@@ -55,7 +55,9 @@ class Expand(Function):
         try:
             return xp_of(x).broadcast_to(x, shape)
         except ValueError:
-            raise ValueError(f"expand: cannot broadcast shape {x.shape} to {tuple(shape)}") from None
+            raise ValueError(
+                f"expand: cannot broadcast shape {x.shape} to {tuple(shape)}"
+            ) from None
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -83,7 +85,7 @@ class Concatenate(Function):
     def backward(ctx, grad_out):
         index = [slice(None)] * grad_out.ndim
         grads = []
-        for start, stop in zip(ctx.bounds[:-1], ctx.bounds[1:]):
+        for start, stop in zip(ctx.bounds[:-1], ctx.bounds[1:], strict=True):
             index[ctx.axis] = slice(start, stop)
             grads.append(grad_out[tuple(index)])
         return tuple(grads)

@@ -5,3 +5,23 @@ One concept per file: softmax.py (softmax, log_softmax), loss.py (cross_entropy)
 activations.py (gelu, silu), norms.py (layer_norm, rms_norm), dropout.py, linear.py
 (linear, embedding), attention.py (scaled_dot_product_attention).
 """
+
+from minigrad.functional.activations import gelu, silu
+from minigrad.functional.dropout import dropout
+from minigrad.functional.linear import embedding, linear
+from minigrad.functional.loss import cross_entropy
+from minigrad.functional.norms import layer_norm, rms_norm
+from minigrad.functional.softmax import log_softmax, softmax
+
+__all__ = [
+    "cross_entropy",
+    "dropout",
+    "embedding",
+    "gelu",
+    "layer_norm",
+    "linear",
+    "log_softmax",
+    "rms_norm",
+    "silu",
+    "softmax",
+]

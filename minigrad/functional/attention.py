@@ -1,0 +1,290 @@
+"""Scaled dot-product attention: the readable path built from Tensor ops, and FlashAttention.
+
+    o = softmax(q k^T / sqrt(hs) + bias, masked) v
+
+``scaled_dot_product_attention`` takes q (B, nh, T, hs) and k, v (B, n_kv, S, hs) and offers
+two implementations of the same function:
+
+- ``impl="naive"``: every step an ordinary Tensor op (matmul, add, where, softmax, dropout,
+  matmul), so autograd differentiates it and a student can print any intermediate. It builds
+  the full (B, nh, T, S) score matrix, several times over in the backward.
+- ``impl="flash"``: one ``Function``, ``FlashAttention``, that calls the tiled FlashAttention-2
+  code (the NumPy twin in ``minigrad/kernels/flash_attention.py``, or the CUDA kernel for
+  float32 CuPy arrays) and saves only q, k, v, o and the row logsumexp: memory O(T) per row
+  instead of O(T * S). It has no attention dropout.
+- ``impl="auto"`` (the default) picks between them; see ``choose_impl``.
+
+Conventions shared with the kernels: grouped-query attention (query head h reads kv head
+h // (nh // n_kv)); the causal mask is aligned to the end, as with a KV cache (query i sees
+keys j <= S - T + i); ALiBi adds -slopes[h] * |(S - T + i) - j| to the scaled scores.
+
+Left out on purpose: padding masks and arbitrary attn_mask tensors, a custom scale, gradients
+for the ALiBi slopes (constants), and dropout inside the flash path.
+Follows Vaswani et al. (2017) for the math, Ainslie et al. (2023) for GQA, Press et al.
+(2022) for ALiBi and Dao (2023), FlashAttention-2, for the tiled path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from minigrad.autograd import Context, Function
+from minigrad.backend import to_numpy, xp_of
+from minigrad.functional.dropout import dropout
+from minigrad.functional.softmax import softmax
+from minigrad.kernels.flash_attention import flash_attention_backward, flash_attention_forward
+from minigrad.tensor import Tensor
+
+IMPLS = ("auto", "naive", "flash")
+
+# On NumPy, impl="auto" switches to the tiled path from this many queries on. Measured with
+# bench/attention.py (B=1, nh=4, hs=32, float32, forward + backward, 2 cores): the flash path
+# is already within a few percent of the naive one in time at T=256 and faster from T=1024 on
+# (the naive path spends its time allocating and writing T x S matrices), while its extra
+# memory is a small fraction of naive's at every T. Below a few hundred queries both are fast
+# and the naive path's intermediates are worth keeping for inspection, so we switch at 512.
+FLASH_MIN_T = 512
+
+# The CUDA kernel's limits (minigrad/kernels/flash_attention_cuda.py): float32, 16 <= hs <= 128.
+_KERNEL_DTYPE = np.float32
+_KERNEL_HS = (16, 128)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: bool = True,
+    alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    rng: np.random.Generator | None = None,
+    impl: str = "auto",
+    *,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> Tensor:
+    """Multi-head attention of q (B, nh, T, hs) over k, v (B, n_kv, S, hs) -> (B, nh, T, hs).
+
+    ``alibi_slopes`` (nh,) adds ALiBi's linear distance penalty; ``dropout_p`` drops
+    attention weights when ``training`` (naive path only; ``rng`` draws the mask).
+    ``block_q`` and ``block_k`` set the tile sizes of the NumPy flash path (None: the twin's
+    defaults); the CUDA kernel has fixed tiles.
+
+    >>> import minigrad as mg
+    >>> q, k, v = mg.randn(1, 2, 3, 4), mg.randn(1, 1, 3, 4), mg.randn(1, 1, 3, 4)
+    >>> scaled_dot_product_attention(q, k, v).shape  # two query heads share one kv head
+    (1, 2, 3, 4)
+    """
+    _check_inputs(q, k, v, causal, dropout_p, impl)
+    slopes = _as_slopes(alibi_slopes, q)
+    impl = choose_impl(q, k, impl, dropout_p=dropout_p, training=training)
+    if impl == "naive":
+        return naive_attention(q, k, v, causal, slopes, dropout_p, training, rng)
+    if training and dropout_p > 0:
+        raise ValueError(
+            f"impl='flash' has no attention dropout, but dropout_p={dropout_p} while training: "
+            f"use impl='naive' (or 'auto', which picks it here), or set dropout_p=0"
+        )
+    if k.shape[2] < q.shape[2]:
+        raise ValueError(
+            f"impl='flash' needs at least as many keys as queries, got T={q.shape[2]} and "
+            f"S={k.shape[2]}: use impl='naive' for S < T"
+        )
+    blocks = {name: b for name, b in (("block_q", block_q), ("block_k", block_k)) if b}
+    return FlashAttention.apply(q, k, v, causal=causal, alibi_slopes=slopes, **blocks)
+
+
+def choose_impl(
+    q: Tensor, k: Tensor, impl: str = "auto", dropout_p: float = 0.0, training: bool = False
+) -> str:
+    """Resolve ``impl="auto"`` to "naive" or "flash" (any other impl is returned as is).
+
+    On CuPy: the CUDA kernel wherever it applies (float32, 16 <= hs <= 128), else naive.
+    On NumPy: flash from ``FLASH_MIN_T`` queries on (see the benchmark note above).
+    Both: naive when attention dropout is active, which only the naive path implements.
+
+    >>> import minigrad as mg
+    >>> choose_impl(mg.zeros(1, 1, 8, 4), mg.zeros(1, 1, 8, 4))
+    'naive'
+    >>> choose_impl(mg.zeros(1, 1, 2048, 4), mg.zeros(1, 1, 2048, 4))
+    'flash'
+    """
+    if impl != "auto":
+        return impl
+    if training and dropout_p > 0:
+        return "naive"
+    if xp_of(q.data) is not np:
+        return "flash" if kernel_supports(q, k) else "naive"
+    T, S = q.shape[2], k.shape[2]
+    # subtle: S < T (possible without the causal mask) is outside the tiled code's contract
+    return "flash" if FLASH_MIN_T <= T <= S else "naive"
+
+
+def kernel_supports(q: Any, k: Any) -> bool:
+    """Whether the CUDA kernel can take q and k (Tensors or CuPy arrays) by dtype and shape.
+
+    Where it cannot, ``FlashAttention`` runs the NumPy twin on the CuPy arrays instead.
+    """
+    T, hs, S = q.shape[2], q.shape[3], k.shape[2]
+    lo, hi = _KERNEL_HS
+    return q.dtype == _KERNEL_DTYPE and lo <= hs <= hi and 1 <= T <= S
+
+
+def naive_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: bool = True,
+    alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    rng: np.random.Generator | None = None,
+) -> Tensor:
+    """The reference: attention from Tensor ops, differentiated by autograd.
+
+    Inputs as ``scaled_dot_product_attention``, already checked; ``alibi_slopes`` is None or
+    an array (nh,) on q's device.
+    """
+    xp = xp_of(q.data)
+    B, nh, T, hs = q.shape
+    n_kv, S = k.shape[1], k.shape[2]
+    group = nh // n_kv
+    # GQA without copying K and V: view q's heads as (kv head, member of its group); k and v
+    # get a size-1 group axis and broadcast over it. The engine's unbroadcast then sums the
+    # gradients of a kv head over the query heads that read it.
+    qg = q.reshape(B, n_kv, group, T, hs)  # (B, nh, T, hs) -> (B, n_kv, g, T, hs)
+    kg = k.reshape(B, n_kv, 1, S, hs)  # (B, n_kv, S, hs) -> (B, n_kv, 1, S, hs)
+    vg = v.reshape(B, n_kv, 1, S, hs)  # (B, n_kv, S, hs) -> (B, n_kv, 1, S, hs)
+    # Scaling q (T x hs numbers) instead of the scores (T x S) is the same math, one T x S
+    # temporary fewer.
+    scores = (qg * (1.0 / math.sqrt(hs))) @ kg.swapaxes(-1, -2)  # -> (B, n_kv, g, T, S)
+    offset = S - T  # queries are the last T of the S positions
+    i_abs = (offset + xp.arange(T))[:, None]  # (T, 1) absolute position of each query
+    j = xp.arange(S)[None, :]  # (1, S) position of each key
+    if alibi_slopes is not None:
+        distance = xp.abs(i_abs - j).astype(q.dtype)  # (T, S)
+        bias = -alibi_slopes.reshape(n_kv, group, 1, 1) * distance  # -> (n_kv, g, T, S)
+        scores = scores + bias  # a constant: broadcast over the batch
+    if causal:
+        # -inf, not a large negative number: exp gives exactly 0, so a masked key gets
+        # exactly zero weight and zero gradient. No row is fully masked since S >= T.
+        scores = scores.masked_fill(j > i_abs, -math.inf)  # (T, S) mask broadcast
+    att = softmax(scores, axis=-1)  # (B, n_kv, g, T, S), rows sum to 1
+    if training and dropout_p > 0:
+        att = dropout(att, dropout_p, training=True, rng=rng)
+    out = att @ vg  # (B, n_kv, g, T, S) @ (B, n_kv, 1, S, hs) -> (B, n_kv, g, T, hs)
+    return out.reshape(B, nh, T, hs)  # (B, n_kv, g, T, hs) -> (B, nh, T, hs)
+
+
+class FlashAttention(Function):
+    """o = softmax(q k^T / sqrt(hs) + bias, masked) v, computed tile by tile.
+
+    Forward: the online softmax of FlashAttention-2 returns o and the row logsumexp
+    lse_i = log sum_j exp(s_ij). Only q, k, v, o and lse are saved, never the (T, S)
+    probabilities P.
+
+    Backward, for one row i (s = scores, p = softmax(s), o_i = sum_j p_ij v_j):
+        dv_j = sum_i p_ij do_i,            dp_ij = do_i . v_j,
+        ds_ij = p_ij (dp_ij - D_i),        D_i = sum_j p_ij dp_ij = do_i . o_i,
+        dq_i = scale sum_j ds_ij k_j,      dk_j = scale sum_i ds_ij q_i.
+    The middle line is the softmax Jacobian diag(p) - p p^T applied to dp; D_i needs only o.
+    P is rebuilt tile by tile as exp(s - lse). Masked entries have p = 0 and so ds = 0; the
+    ALiBi bias is a constant and drops out. dk and dv come out summed over each kv head's
+    group of query heads.
+
+    On float32 CuPy arrays with 16 <= hs <= 128 the CUDA kernel runs; otherwise the NumPy
+    twin (which also runs on CuPy arrays). ``ctx.backend`` records which.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Context,
+        q: Any,
+        k: Any,
+        v: Any,
+        causal: bool = True,
+        alibi_slopes: Any = None,
+        block_q: int | None = None,
+        block_k: int | None = None,
+    ) -> Any:
+        use_kernel = xp_of(q) is not np and kernel_supports(q, k)
+        blocks = {name: b for name, b in (("block_q", block_q), ("block_k", block_k)) if b}
+        if use_kernel:
+            from minigrad.kernels.flash_attention_cuda import flash_attention_forward_cuda
+
+            o, lse = flash_attention_forward_cuda(q, k, v, causal, alibi_slopes, None)
+        else:
+            o, lse = flash_attention_forward(q, k, v, causal, alibi_slopes, None, **blocks)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.alibi_slopes, ctx.blocks = causal, alibi_slopes, blocks
+        ctx.backend = "cuda" if use_kernel else "twin"
+        return o
+
+    @staticmethod
+    def backward(ctx: Context, grad_out: Any) -> tuple[Any, Any, Any]:
+        q, k, v, o, lse = ctx.saved
+        if ctx.backend == "cuda":
+            from minigrad.kernels.flash_attention_cuda import flash_attention_backward_cuda
+
+            return flash_attention_backward_cuda(
+                q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, None
+            )
+        return flash_attention_backward(
+            q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, None, **ctx.blocks
+        )
+
+
+def _check_inputs(q: Any, k: Any, v: Any, causal: bool, dropout_p: float, impl: str) -> None:
+    """Raise a ValueError (or TypeError) naming the first problem with the arguments."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown attention impl {impl!r}: use one of {IMPLS}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"attention: {name} must be a Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(
+                f"attention: {name} must have 4 dims, (B, heads, seq, hs), got shape {t.shape}: "
+                f"split the heads first, e.g. x.reshape(B, T, nh, hs).transpose(0, 2, 1, 3)"
+            )
+    if k.shape != v.shape:
+        raise ValueError(f"attention: k {k.shape} and v {v.shape} must have the same shape")
+    B, nh, T, hs = q.shape
+    Bk, n_kv, S, hs_k = k.shape
+    if Bk != B:
+        raise ValueError(f"attention: q has batch size {B} but k and v have {Bk}")
+    if hs_k != hs:
+        raise ValueError(f"attention: q has head size {hs} but k and v have {hs_k}")
+    if n_kv == 0 or nh % n_kv:
+        raise ValueError(
+            f"attention: q's {nh} heads must be a multiple of k's and v's {n_kv} heads "
+            f"(grouped-query attention shares each kv head among nh / n_kv query heads)"
+        )
+    if causal and S < T:
+        raise ValueError(
+            f"attention: causal attention needs at least as many keys as queries (S >= T), got "
+            f"T={T} queries and S={S} keys; the queries are the last T positions of the keys"
+        )
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def _as_slopes(alibi_slopes: Any, q: Tensor) -> Any:
+    """ALiBi slopes as an array (nh,) of q's dtype on q's device, or None."""
+    if alibi_slopes is None:
+        return None
+    data = alibi_slopes.data if isinstance(alibi_slopes, Tensor) else alibi_slopes
+    xp = xp_of(q.data)
+    if xp_of(data) is not xp:  # a NumPy table for CuPy inputs, or the other way round
+        data = to_numpy(data)
+    slopes = xp.asarray(data, dtype=q.dtype)
+    nh = q.shape[1]
+    if slopes.shape != (nh,):
+        raise ValueError(
+            f"attention: alibi_slopes must have shape (nh,) = ({nh},), one slope per query "
+            f"head, got {slopes.shape}"
+        )
+    return slopes

@@ -1,0 +1,77 @@
+"""Inverted dropout: zero each element with probability p while training, scale the rest up.
+
+Kept elements are multiplied by 1 / (1 - p), so every activation keeps its expected value and
+evaluation needs no rescaling: there, dropout is the identity (Srivastava et al. 2014; the
+"inverted" scaling is the one PyTorch uses).
+
+Where the random mask comes from: on the CPU it is drawn from the NumPy Generator passed as
+``rng`` (minigrad's global one when None), so one seed gives one mask. On the GPU, copying a
+mask drawn on the host to the device for every dropout of every step would cost more than the
+layer itself, so we draw one 63-bit seed from that same Generator and let CuPy's generator
+draw the mask on the device: still reproducible from the seed, but a different mask from the
+CPU's. Left out on purpose: other dropout kinds (alpha, spatial) and in-place dropout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minigrad import creation
+from minigrad.autograd import Function
+from minigrad.backend import xp_of
+from minigrad.tensor import Tensor
+
+
+class Dropout(Function):
+    """y = x * m,  m = keep / (1 - p) with keep a 0/1 mask;  dy/dx = m.
+
+    The mask arrives as a parameter (drawn by ``dropout``), so the Function itself is
+    deterministic: gradient flows only through the kept elements, scaled as they were.
+    """
+
+    @staticmethod
+    def forward(ctx, x, mask=None):
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (mask,) = ctx.saved
+        return grad_out * mask
+
+
+def keep_mask(shape: tuple[int, ...], p: float, rng: np.random.Generator, like: Any) -> Any:
+    """A boolean array of ``shape`` on ``like``'s device, each element True with probability 1 - p.
+
+    >>> keep_mask((2, 3), 0.5, np.random.default_rng(0), np.zeros(1)).astype(int).tolist()
+    [[1, 1, 1], [0, 0, 0]]
+    """
+    xp = xp_of(like)
+    if xp is np:
+        # float32 draws are twice as fast as float64 and their 2^-24 grid is fine for p
+        return rng.random(shape, dtype=np.float32) >= p
+    seed = int(rng.integers(2**63))  # one host draw per call keeps the stream reproducible
+    return xp.random.RandomState(seed).random_sample(shape, dtype=np.float32) >= p
+
+
+def dropout(
+    x: Tensor, p: float, training: bool = True, rng: np.random.Generator | None = None
+) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by 1 / (1 - p) (training);
+    return ``x`` itself when not training or when p == 0.
+
+    >>> import minigrad as mg
+    >>> y = dropout(mg.ones(2, 4), 0.5, rng=np.random.default_rng(0))
+    >>> y.tolist()
+    [[2.0, 2.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1), got {p} (p is the probability to drop)")
+    if not training or p == 0.0:
+        return x
+    rng = rng if rng is not None else creation.default_rng()
+    mask = keep_mask(x.shape, p, rng, x.data)
+    scale = x.dtype.type(1.0 / (1.0 - p))  # in x's dtype, so a float32 x stays float32
+    return Dropout.apply(x, mask=mask * scale)  # the bool mask times a scalar: 0 or 1/(1-p)

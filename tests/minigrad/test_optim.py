@@ -1,0 +1,225 @@
+"""Tests of minigrad.optim: known answers for SGD and AdamW, groups, skipping, clipping,
+schedules, and a resumed run that continues exactly. (The step-by-step comparison with
+torch.optim lives in test_nn_oracle.py.)"""
+
+import math
+from itertools import pairwise
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+from minigrad import nn
+from minigrad.optim import (
+    SGD,
+    AdamW,
+    clip_grad_norm_,
+    constant_lr,
+    cosine_lr,
+    param_groups_for_decay,
+    set_lr,
+)
+from minigrad.serialization import load_tree, save_tree
+
+
+def param(values):
+    return nn.Parameter(np.array(values, dtype=np.float64))
+
+
+# ---- known answers ----------------------------------------------------------------------------
+def test_sgd_plain_step():
+    p = param([1.0, -2.0])
+    p.grad = np.array([0.5, 1.0])
+    SGD([p], lr=0.1).step()
+    np.testing.assert_allclose(p.data, [0.95, -2.1])
+
+
+def test_sgd_momentum_nesterov_and_weight_decay_by_hand():
+    p = param([1.0])
+    opt = SGD([p], lr=0.1, momentum=0.9, weight_decay=0.5, nesterov=True)
+    p.grad = np.array([2.0])
+    opt.step()  # g = 2 + 0.5 * 1 = 2.5; buf = 2.5; nesterov: g + 0.9 * buf = 4.75
+    np.testing.assert_allclose(p.data, [1.0 - 0.475])
+    p.grad = np.array([2.0])
+    opt.step()  # g = 2 + 0.5 * 0.525 = 2.2625; buf = 0.9 * 2.5 + g = 4.5125; g + 0.9 buf
+    np.testing.assert_allclose(p.data, [0.525 - 0.1 * (2.2625 + 0.9 * 4.5125)])
+
+
+def test_adamw_first_steps_by_hand():
+    lr, wd, b1, b2, eps = 0.1, 0.5, 0.9, 0.99, 1e-8
+    p = param([1.0, -3.0])
+    opt = AdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    g1, g2 = np.array([0.2, -4.0]), np.array([-0.1, 1.0])
+    p.grad = g1
+    opt.step()
+    # step 1: the bias-corrected moments are g and g^2, so the Adam step is lr * g / |g|
+    want = np.array([1.0, -3.0]) * (1 - lr * wd) - lr * g1 / (np.abs(g1) + eps)
+    np.testing.assert_allclose(p.data, want, rtol=1e-12)
+    p.grad = g2
+    opt.step()
+    m = b1 * (1 - b1) * g1 + (1 - b1) * g2
+    v = b2 * (1 - b2) * g1**2 + (1 - b2) * g2**2
+    step = lr / (1 - b1**2) * m / (np.sqrt(v / (1 - b2**2)) + eps)
+    np.testing.assert_allclose(p.data, want * (1 - lr * wd) - step, rtol=1e-12)
+    assert opt.state[0]["step"] == 2
+
+
+def test_parameters_without_grad_are_skipped():
+    p, q = param([1.0]), param([1.0])
+    opt = AdamW([p, q], lr=0.1, weight_decay=0.1)
+    p.grad = np.array([1.0])
+    opt.step()
+    assert q.data[0] == 1.0 and 1 not in opt.state  # not even decayed
+    assert p.data[0] != 1.0 and opt.state[0]["step"] == 1
+
+
+def test_update_is_in_place_on_the_parameter_array():
+    p = param([1.0])
+    data = p.data
+    p.grad = np.array([1.0])
+    AdamW([p]).step()
+    assert p.data is data
+
+
+def test_zero_grad_sets_none():
+    p = param([1.0])
+    p.grad = np.array([1.0])
+    opt = SGD([p], lr=0.1)
+    opt.zero_grad()
+    assert p.grad is None
+
+
+# ---- groups -----------------------------------------------------------------------------------
+def test_groups_have_their_own_settings():
+    a, b = param([1.0]), param([1.0])
+    opt = SGD([{"params": [a]}, {"params": [b], "lr": 1.0}], lr=0.1)
+    a.grad, b.grad = np.array([1.0]), np.array([1.0])
+    opt.step()
+    np.testing.assert_allclose([a.data[0], b.data[0]], [0.9, 0.0])
+    set_lr(opt, 0.5)
+    assert [g["lr"] for g in opt.param_groups] == [0.5, 0.5]
+
+
+def test_group_errors():
+    p = param([1.0])
+    with pytest.raises(ValueError, match=r"unknown settings \['lrr'\]"):
+        SGD([{"params": [p], "lrr": 0.1}], lr=0.1)
+    with pytest.raises(ValueError, match="a parameter is in two groups"):
+        SGD([{"params": [p]}, {"params": [p]}], lr=0.1)
+    with pytest.raises(ValueError, match="got no parameters"):
+        AdamW([])
+    with pytest.raises(ValueError, match="nesterov=True needs momentum > 0"):
+        SGD([p], lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match=r"betas must be in \[0, 1\)"):
+        AdamW([p], betas=(0.9, 1.0))
+
+
+def test_param_groups_for_decay_split_by_ndim():
+    model = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 4), nn.LayerNorm(4))
+    decay, no_decay = param_groups_for_decay(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert [p.shape for p in decay["params"]] == [(5, 4), (4, 4)]  # embeddings decay (nanoGPT)
+    assert [p.shape for p in no_decay["params"]] == [(4,), (4,), (4,)]
+
+
+# ---- clipping ---------------------------------------------------------------------------------
+def test_clip_grad_norm(rng):
+    ps = [param(np.zeros((3, 4))), param(np.zeros(5)), param(np.zeros(2))]
+    grads = [rng.standard_normal(p.shape) for p in ps[:2]]
+    ps[0].grad, ps[1].grad = grads[0].copy(), grads[1].copy()  # ps[2] has no grad
+    norm = math.sqrt(sum((g**2).sum() for g in grads))
+    assert clip_grad_norm_(ps, max_norm=2 * norm) == pytest.approx(norm)
+    np.testing.assert_array_equal(ps[0].grad, grads[0])  # below the limit: untouched
+    assert clip_grad_norm_(ps, max_norm=1.0) == pytest.approx(norm)
+    new = math.sqrt(sum((p.grad**2).sum() for p in ps[:2]))
+    assert new == pytest.approx(1.0, rel=1e-5)
+    np.testing.assert_allclose(ps[1].grad, grads[1] / (norm + 1e-6))
+    assert clip_grad_norm_([param([1.0])], 1.0) == 0.0  # no gradients at all
+
+
+# ---- schedules --------------------------------------------------------------------------------
+def test_cosine_schedule():
+    lrs = [cosine_lr(s, 1.0, 0.1, warmup_steps=10, decay_steps=110) for s in range(130)]
+    assert lrs[0] == pytest.approx(1 / 11) and lrs[9] == pytest.approx(10 / 11)
+    assert lrs[10] == 1.0 and lrs[60] == pytest.approx(0.55)
+    assert all(a >= b for a, b in pairwise(lrs[10:]))  # decays monotonically
+    assert lrs[110:] == [0.1] * 20
+    assert cosine_lr(5, 1.0, 0.1, warmup_steps=5, decay_steps=5) == 0.1  # no decay phase
+    with pytest.raises(ValueError, match="decay_steps 3 < warmup_steps 5"):
+        cosine_lr(0, 1.0, 0.1, 5, 3)
+    assert constant_lr(123, 3e-4) == 3e-4
+
+
+# ---- state dicts and resuming -----------------------------------------------------------------
+def train_steps(model, opt, batches):
+    for step, (x, y) in enumerate(batches):
+        set_lr(opt, cosine_lr(step, 1e-2, 1e-3, 2, 10))
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+
+def make_batches(rng, n):
+    return [
+        (
+            mg.tensor(rng.standard_normal((4, 6)).astype(np.float32)),
+            mg.tensor(rng.standard_normal((4, 3)).astype(np.float32)),
+        )
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_resumed_run_continues_exactly(tmp_path, rng, kind):
+    def build():
+        mg.manual_seed(0)
+        model = nn.MLP(6, 16)
+        model.w2 = nn.Linear(16, 3)  # a narrower output
+        if kind == "adamw":
+            opt = AdamW(param_groups_for_decay(model, 0.1), lr=1e-2, betas=(0.9, 0.95))
+        else:
+            opt = SGD(model.parameters(), lr=1e-2, momentum=0.9, nesterov=True)
+        return model, opt
+
+    batches = make_batches(rng, 6)
+    model, opt = build()
+    train_steps(model, opt, batches[:3])
+    save_tree(tmp_path / "opt.safetensors", opt.state_dict())
+    save_tree(tmp_path / "model.safetensors", model.state_dict())
+    train_steps(model, opt, batches[3:])
+
+    resumed, resumed_opt = build()
+    resumed.load_state_dict(load_tree(tmp_path / "model.safetensors"))
+    resumed_opt.load_state_dict(load_tree(tmp_path / "opt.safetensors"))
+    train_steps(resumed, resumed_opt, batches[3:])
+    for (name, a), b in zip(model.named_parameters(), resumed.parameters(), strict=True):
+        np.testing.assert_array_equal(a.data, b.data, err_msg=name)
+
+
+def test_state_dict_holds_plain_data():
+    p = param([1.0, 2.0])
+    opt = AdamW([{"params": [p], "lr": 0.5}])
+    p.grad = np.ones(2)
+    opt.step()
+    state = opt.state_dict()
+    assert state["param_groups"] == [
+        {"lr": 0.5, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01, "params": [0]}
+    ]
+    assert state["state"][0]["step"] == 1
+    assert isinstance(state["state"][0]["exp_avg"], np.ndarray)
+    state["state"][0]["exp_avg"][:] = 99  # a copy: the optimiser is unaffected
+    assert opt.state[0]["exp_avg"][0] != 99
+
+
+def test_load_state_dict_errors():
+    a, b = param([1.0, 2.0]), param([1.0])
+    opt = AdamW([a, b])
+    a.grad, b.grad = np.ones(2), np.ones(1)
+    opt.step()
+    with pytest.raises(ValueError, match=r"saved groups hold \[2\] parameters but this .* \[1\]"):
+        AdamW([a]).load_state_dict(opt.state_dict())
+    swapped = AdamW([b, a])
+    with pytest.raises(ValueError, match=r"state 0.exp_avg has shape \(2,\) but parameter 0 has"):
+        swapped.load_state_dict(opt.state_dict())

@@ -1,0 +1,216 @@
+"""Tests of minigrad.serialization: the safetensors format by hand, every dtype, atomic
+writes, corrupt files, and nested trees."""
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+from minigrad import serialization
+from minigrad.serialization import (
+    atomic_write_text,
+    load_safetensors,
+    load_tree,
+    save_npz_atomic,
+    save_safetensors,
+    save_tree,
+)
+
+ALL_DTYPES = ["float32", "float64", "float16", "int64", "int32", "uint16", "uint8", "bool"]
+
+
+def sample(rng, dtype, shape):
+    if dtype == "bool":
+        return rng.random(shape) > 0.5
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    return rng.integers(0, 200, size=shape).astype(dtype)
+
+
+def test_round_trip_every_dtype_and_shape(tmp_path, rng):
+    arrays = {
+        f"{dtype}_{i}": sample(rng, dtype, shape)
+        for dtype in ALL_DTYPES
+        for i, shape in enumerate([(3, 5), (), (0, 4), (2, 1, 3)])
+    }
+    path = tmp_path / "all.safetensors"
+    save_safetensors(path, arrays, {"format": "np"})
+    loaded, meta = load_safetensors(path)
+    assert meta == {"format": "np"} and sorted(loaded) == sorted(arrays)
+    for name, array in arrays.items():
+        assert loaded[name].dtype == array.dtype and loaded[name].shape == array.shape, name
+        np.testing.assert_array_equal(loaded[name], array, err_msg=name)
+        assert loaded[name].flags.writeable
+
+
+def test_non_contiguous_and_big_endian_inputs(tmp_path, rng):
+    a = rng.standard_normal((3, 4))
+    arrays = {"t": a.T, "be": a.astype(">f4"), "step": a[:, ::2]}
+    save_safetensors(tmp_path / "x.safetensors", arrays)
+    loaded, _ = load_safetensors(tmp_path / "x.safetensors")
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(loaded[name], array)
+    assert loaded["be"].dtype == np.float32
+
+
+def test_file_layout_follows_the_format(tmp_path):
+    path = tmp_path / "w.safetensors"
+    save_safetensors(path, {"b": np.array([1, 2], np.uint8), "a": np.array([1.5], np.float64)})
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert (8 + n) % 8 == 0  # the header is padded so the data starts 8-aligned
+    header = json.loads(raw[8 : 8 + n])
+    assert header == {
+        "a": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]},
+        "b": {"dtype": "U8", "shape": [2], "data_offsets": [8, 10]},
+    }
+    assert raw[8 + n :] == struct.pack("<d", 1.5) + bytes([1, 2])
+
+
+def test_reads_a_file_written_by_hand(tmp_path):
+    header = json.dumps(
+        {
+            "__metadata__": {"who": "hand"},
+            "x": {"dtype": "I32", "shape": [2, 2], "data_offsets": [0, 16]},
+        }
+    ).encode()
+    data = struct.pack("<4i", 1, -2, 3, 4)
+    path = tmp_path / "hand.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    arrays, meta = load_safetensors(path)
+    np.testing.assert_array_equal(arrays["x"], [[1, -2], [3, 4]])
+    assert arrays["x"].dtype == np.int32 and meta == {"who": "hand"}
+
+
+def test_bad_inputs_to_save(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    with pytest.raises(TypeError, match="'z' has dtype complex128"):
+        save_safetensors(path, {"z": np.zeros(2, np.complex128)})
+    with pytest.raises(TypeError, match="metadata must map str to str"):
+        save_safetensors(path, {"a": np.zeros(2)}, {"step": 3})
+    with pytest.raises(TypeError, match="'a' is a list, not an array"):
+        save_safetensors(path, {"a": [1.0, 2.0]})
+    assert not path.exists()
+
+
+# ---- atomic writes ----------------------------------------------------------------------------
+def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.safetensors"
+    save_safetensors(path, {"w": np.ones(3)})
+    old = path.read_bytes()
+
+    def crash(fd):  # the disk fails after the bytes were written, before the rename
+        raise OSError("disk full")
+
+    monkeypatch.setattr(serialization.os, "fsync", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_safetensors(path, {"w": np.zeros(1000)})
+    assert path.read_bytes() == old  # the old checkpoint survives whole
+    assert os.listdir(tmp_path) == ["ckpt.safetensors"]  # and no temporary file is left
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_text(tmp_path / "new.json", "{}")
+    assert os.listdir(tmp_path) == ["ckpt.safetensors"]
+
+
+def test_text_and_npz_helpers(tmp_path, rng):
+    atomic_write_text(tmp_path / "c.json", '{"lr": 0.1}')
+    assert json.loads((tmp_path / "c.json").read_text()) == {"lr": 0.1}
+    arrays = {"m": rng.standard_normal((2, 3)), "step": np.array(4)}
+    save_npz_atomic(tmp_path / "s.npz", arrays)
+    with np.load(tmp_path / "s.npz", allow_pickle=False) as f:
+        np.testing.assert_array_equal(f["m"], arrays["m"])
+        assert f["step"] == 4
+
+
+# ---- corrupt files ----------------------------------------------------------------------------
+@pytest.fixture
+def good_file(tmp_path):
+    path = tmp_path / "good.safetensors"
+    save_safetensors(path, {"a": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    return path
+
+
+def write_header(path, header, data=b""):
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def test_truncated_files(good_file):
+    raw = good_file.read_bytes()
+    good_file.write_bytes(raw[:5])
+    with pytest.raises(ValueError, match=r"good.safetensors is not a valid .* fewer than the 8"):
+        load_safetensors(good_file)
+    good_file.write_bytes(raw[:20])
+    with pytest.raises(ValueError, match="the header claims .* bytes but the file has only 12"):
+        load_safetensors(good_file)
+    good_file.write_bytes(raw[:-4])  # the last float is cut off
+    with pytest.raises(ValueError, match=r"'a' has data_offsets \[0, 24\] outside the 20 data"):
+        load_safetensors(good_file)
+
+
+def test_bad_headers(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(struct.pack("<Q", 5) + b"{oops")
+    with pytest.raises(ValueError, match="bad.safetensors .* the header is not valid JSON"):
+        load_safetensors(path)
+    write_header(path, [1, 2])
+    with pytest.raises(ValueError, match="not a JSON object"):
+        load_safetensors(path)
+    write_header(path, {"a": {"dtype": "F32", "shape": [2]}}, b"\0" * 8)
+    with pytest.raises(ValueError, match="entry 'a' is malformed"):
+        load_safetensors(path)
+    write_header(path, {"a": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}}, b"\0" * 8)
+    with pytest.raises(ValueError, match="'a' has dtype 'BF16'; this reader knows"):
+        load_safetensors(path)
+    write_header(path, {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8)
+    with pytest.raises(ValueError, match=r"'a' has 8 bytes but shape \[3\] of F32 needs 12"):
+        load_safetensors(path)
+    write_header(path, {"__metadata__": {"step": 3}})
+    with pytest.raises(ValueError, match="__metadata__ must map strings to strings"):
+        load_safetensors(path)
+
+
+# ---- trees ------------------------------------------------------------------------------------
+def test_tree_round_trip(tmp_path, rng):
+    tree = {
+        "step": 7,
+        "config": {"n_embd": 8, "bias": False, "name": "tiny", "dropout": None},
+        "model": {"blocks.0.w": rng.standard_normal((2, 2)).astype(np.float32)},
+        "optim": {"state": {0: {"step": 3, "exp_avg": np.ones(2)}}, "betas": (0.9, 0.95)},
+        "losses": [np.float32(1.5), 2.0],
+    }
+    save_tree(tmp_path / "ckpt.safetensors", tree)
+    loaded = load_tree(tmp_path / "ckpt.safetensors")
+    assert loaded["step"] == 7 and loaded["config"] == tree["config"]
+    np.testing.assert_array_equal(loaded["model"]["blocks.0.w"], tree["model"]["blocks.0.w"])
+    assert loaded["optim"]["state"]["0"]["step"] == 3  # keys become strings, as in JSON
+    assert loaded["optim"]["betas"] == [0.9, 0.95] and loaded["losses"] == [1.5, 2.0]
+    _, meta = load_safetensors(tmp_path / "ckpt.safetensors")
+    assert "minigrad.tree" in meta
+
+
+def test_tree_errors(tmp_path):
+    with pytest.raises(TypeError, match="a.b is a set, which is neither an array nor JSON"):
+        save_tree(tmp_path / "t.safetensors", {"a": {"b": {1, 2}}})
+    with pytest.raises(ValueError, match="two arrays would both be named 'a.b'"):
+        save_tree(tmp_path / "t.safetensors", {"a.b": np.ones(1), "a": {"b": np.ones(1)}})
+    save_safetensors(tmp_path / "plain.safetensors", {"a": np.ones(1)})
+    with pytest.raises(ValueError, match="was not written by save_tree"):
+        load_tree(tmp_path / "plain.safetensors")
+
+
+def test_the_reference_library_reads_our_files(tmp_path, rng):
+    st = pytest.importorskip(
+        "safetensors.numpy", reason="the safetensors package is not installed (not a dependency)"
+    )
+    arrays = {dtype: sample(rng, dtype, (2, 3)) for dtype in ALL_DTYPES}
+    save_safetensors(tmp_path / "x.safetensors", arrays, {"k": "v"})
+    theirs = st.load_file(str(tmp_path / "x.safetensors"))
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(theirs[name], array)
+    st.save_file(arrays, str(tmp_path / "y.safetensors"))
+    ours, _ = load_safetensors(tmp_path / "y.safetensors")
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(ours[name], array)

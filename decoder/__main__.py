@@ -1,0 +1,10 @@
+"""``python -m decoder``: list the commands (each is its own module, with its own --help)."""
+
+COMMANDS = """\
+python -m decoder.train       train a model (--list-presets; any config field as --key=value)
+python -m decoder.generate    sample text from a checkpoint (--checkpoint DIR --prompt TEXT)
+python -m decoder.finetune    LoRA fine-tuning on new text; 'finetune merge' folds adapters in
+"""
+
+if __name__ == "__main__":
+    print(COMMANDS, end="")

@@ -1,0 +1,230 @@
+"""Causal self-attention for the decoder, with grouped-query heads and a KV cache.
+
+    x (B, T, C) -> wq, wk, wv -> heads -> [RoPE] -> [cache] -> attention [ALiBi] -> wo -> (B, T, C)
+
+``CausalSelfAttention`` projects x to n_head query heads and n_kv_head key/value heads
+(n_kv_head = n_head is multi-head attention, 1 is multi-query, anything between is
+grouped-query), applies RoPE or ALiBi when the layer's position scheme is one of those, and
+calls ``F.scaled_dot_product_attention`` (minigrad/functional/attention.py), which holds the
+math and both implementations (naive and flash). Learned and sinusoidal positions are added
+to the embeddings by the model, so for those (and "none") this layer sees no positions.
+
+``KVCache`` keeps the keys and values of the tokens already seen, so generation feeds one new
+token per step instead of the whole context: the new token's query attends over the cached
+keys, with the causal mask aligned to the end (the last query sees every key).
+
+Left out on purpose: a rolling (sliding-window) cache, cross-attention, padding masks, and
+gradients through the cache (it is for inference).
+Follows nanoGPT's ``CausalSelfAttention`` (Karpathy) and Meta's Llama reference code (the
+names wq, wk, wv, wo; GQA; the cache), with Ainslie et al. (2023) for grouped-query heads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from decoder.positional import POSITIONS, RoPE, alibi_slopes
+from minigrad import creation
+from minigrad.backend import device_of, get_xp
+from minigrad.functional.attention import IMPLS, scaled_dot_product_attention
+from minigrad.nn import Dropout, Linear, Module
+from minigrad.tensor import Tensor
+
+
+class KVCache:
+    """Preallocated keys and values (B, n_kv_head, block_size, hs) of the tokens seen so far.
+
+    ``length`` tokens are filled. ``append(k, v)`` writes the new tokens' keys and values
+    after them and returns the filled prefix, ready for attention. The returned Tensors are
+    views of the cache (no copy, no gradient): use them before the next ``reset``.
+
+    >>> cache = KVCache(batch_size=1, n_kv_head=2, block_size=8, head_size=4)
+    >>> import minigrad as mg
+    >>> k, v = cache.append(mg.zeros(1, 2, 3, 4), mg.zeros(1, 2, 3, 4))
+    >>> k.shape, cache.length
+    ((1, 2, 3, 4), 3)
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        n_kv_head: int,
+        block_size: int,
+        head_size: int,
+        dtype: Any = np.float32,
+        device: str = "cpu",
+    ):
+        xp = get_xp(device)
+        shape = (batch_size, n_kv_head, block_size, head_size)
+        self.k = xp.zeros(shape, dtype=dtype)
+        self.v = xp.zeros(shape, dtype=dtype)
+        self.length = 0
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v (B, n_kv_head, T_new, hs); return all keys and values so far,
+        (B, n_kv_head, length + T_new, hs)."""
+        B, n_kv, block_size, hs = self.k.shape
+        T_new = k.shape[2]
+        expected = (B, n_kv, T_new, hs)
+        if k.shape != expected or v.shape != expected:
+            raise ValueError(
+                f"KVCache.append: expected k and v of shape (B, n_kv_head, T_new, hs) = "
+                f"{expected} for this cache, got {k.shape} and {v.shape}; build the cache with "
+                f"the layer's new_cache(batch_size)"
+            )
+        if device_of(k.data) != device_of(self.k):
+            raise ValueError(
+                f"KVCache.append: the cache is on {device_of(self.k)!r} but k is on "
+                f"{device_of(k.data)!r}; build the cache with device={device_of(k.data)!r}"
+            )
+        end = self.length + T_new
+        if end > block_size:
+            raise ValueError(
+                f"KVCache overflow: it holds {self.length} of block_size={block_size} tokens "
+                f"and cannot take {T_new} more; reset() it, or recompute over the last "
+                f"block_size tokens without the cache"
+            )
+        self.k[:, :, self.length : end] = k.data
+        self.v[:, :, self.length : end] = v.data
+        self.length = end
+        # views of the filled prefix: (B, n_kv, block_size, hs) -> (B, n_kv, length, hs)
+        return Tensor(self.k[:, :, :end]), Tensor(self.v[:, :, :end])
+
+    def reset(self) -> None:
+        """Forget every token (the arrays are kept and overwritten by later appends)."""
+        self.length = 0
+
+    def __repr__(self) -> str:
+        B, n_kv, block_size, hs = self.k.shape
+        return (
+            f"KVCache(batch_size={B}, n_kv_head={n_kv}, block_size={block_size}, "
+            f"head_size={hs}, length={self.length})"
+        )
+
+
+class CausalSelfAttention(Module):
+    """Masked multi-head self-attention: x (B, T, C) -> (B, T, C), each token seeing only
+    itself and the tokens before it.
+
+    ``n_kv_head`` (default n_head) key/value heads are shared by groups of n_head / n_kv_head
+    query heads. ``pos`` is the model's position scheme: "rope" rotates q and k here,
+    "alibi" biases the scores here; the others are added to the embeddings by the model.
+    ``dropout`` applies to the attention weights (naive path only; ``impl="auto"`` picks it
+    while training with dropout) and to the output (``resid_dropout``).
+
+    >>> import minigrad as mg
+    >>> attn = CausalSelfAttention(n_embd=16, n_head=4, n_kv_head=2, pos="rope", block_size=8)
+    >>> attn(mg.randn(2, 5, 16)).shape
+    (2, 5, 16)
+    """
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        n_kv_head: int | None = None,
+        bias: bool = False,
+        dropout: float = 0.0,
+        pos: str = "learned",
+        block_size: int = 1024,
+        rope_theta: float = 10000.0,
+        impl: str = "auto",
+    ):
+        super().__init__()
+        n_kv_head = n_head if n_kv_head is None else n_kv_head
+        _check_config(n_embd, n_head, n_kv_head, pos, impl)
+        hs = n_embd // n_head
+        self.n_embd, self.n_head, self.n_kv_head, self.head_size = n_embd, n_head, n_kv_head, hs
+        self.pos, self.block_size, self.impl = pos, block_size, impl
+        self.wq = Linear(n_embd, n_head * hs, bias=bias)
+        self.wk = Linear(n_embd, n_kv_head * hs, bias=bias)  # fewer kv heads: smaller wk, wv
+        self.wv = Linear(n_embd, n_kv_head * hs, bias=bias)
+        self.wo = Linear(n_head * hs, n_embd, bias=bias)
+        self.dropout = dropout  # on the attention weights
+        # the attention-dropout mask's generator, seeded from the global one (as Dropout's)
+        self.rng = np.random.default_rng(int(creation.default_rng().integers(2**63)))
+        self.resid_dropout = Dropout(dropout)
+        self.rope = RoPE(hs, block_size, rope_theta) if pos == "rope" else None
+        slopes = alibi_slopes(n_head).astype(np.float32) if pos == "alibi" else None
+        self.register_buffer("slopes", slopes, persistent=False)  # (nh,) or None
+
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+        """x (B, T, C) -> (B, T, C). With a cache, x holds the T tokens after the cached ones."""
+        B, T, C = x.shape
+        if C != self.n_embd:
+            raise ValueError(
+                f"CausalSelfAttention: expected x (B, T, {self.n_embd}), got {x.shape}"
+            )
+        nh, n_kv, hs = self.n_head, self.n_kv_head, self.head_size
+        q = self.wq(x).reshape(B, T, nh, hs).transpose(0, 2, 1, 3)  # (B, T, C) -> (B, nh, T, hs)
+        k = self.wk(x).reshape(B, T, n_kv, hs).transpose(0, 2, 1, 3)  # -> (B, n_kv, T, hs)
+        v = self.wv(x).reshape(B, T, n_kv, hs).transpose(0, 2, 1, 3)  # -> (B, n_kv, T, hs)
+        offset = 0 if cache is None else cache.length  # absolute position of x's first token
+        if self.rope is not None:
+            q, k = self.rope(q, offset), self.rope(k, offset)
+        if cache is not None:
+            # subtle: RoPE ran first, so the cache holds keys already rotated at their own
+            # positions and never needs them rotated again.
+            k, v = cache.append(k, v)  # -> (B, n_kv, offset + T, hs): every key so far
+        y = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            causal=True,
+            alibi_slopes=self.slopes,
+            dropout_p=self.dropout,
+            training=self.training,
+            rng=self.rng,
+            impl=self.impl,
+        )  # (B, nh, T, hs)
+        y = y.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, nh, T, hs) -> (B, T, C)
+        return self.resid_dropout(self.wo(y))
+
+    def new_cache(self, batch_size: int, device: str | None = None) -> KVCache:
+        """An empty KVCache sized for this layer, in its dtype and (by default) on its device."""
+        weight = self.wk.weight
+        return KVCache(
+            batch_size,
+            self.n_kv_head,
+            self.block_size,
+            self.head_size,
+            dtype=weight.dtype,
+            device=weight.device if device is None else device,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"n_embd={self.n_embd}, n_head={self.n_head}, n_kv_head={self.n_kv_head}, "
+            f"pos={self.pos!r}, impl={self.impl!r}"
+        )
+
+
+def _check_config(n_embd: int, n_head: int, n_kv_head: int, pos: str, impl: str) -> None:
+    """Raise a ValueError naming the first invalid setting of CausalSelfAttention."""
+    if n_head < 1 or n_kv_head < 1:
+        raise ValueError(f"n_head ({n_head}) and n_kv_head ({n_kv_head}) must be at least 1")
+    if n_embd % n_head:
+        raise ValueError(
+            f"n_embd ({n_embd}) must be divisible by n_head ({n_head}): each head gets "
+            f"n_embd / n_head dimensions"
+        )
+    if n_head % n_kv_head:
+        raise ValueError(
+            f"n_head ({n_head}) must be a multiple of n_kv_head ({n_kv_head}): each key/value "
+            f"head serves an equal group of query heads"
+        )
+    if pos not in POSITIONS:
+        raise ValueError(f"unknown position scheme pos={pos!r}: use one of {POSITIONS}")
+    if pos == "rope" and (n_embd // n_head) % 2:
+        raise ValueError(
+            f"pos='rope' rotates pairs of dimensions, so the head size n_embd / n_head "
+            f"({n_embd // n_head}) must be even"
+        )
+    if impl not in IMPLS:
+        raise ValueError(f"unknown attention impl={impl!r}: use one of {IMPLS}")

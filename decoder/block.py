@@ -1,0 +1,71 @@
+"""The transformer block: attention and a feed-forward network, each on a residual branch.
+
+Three layouts, chosen by the config:
+
+- pre-norm (GPT-2 and every large model since): ``x + attn(norm1(x))``, then
+  ``x + ffn(norm2(x))``. The residual stream itself is never normalised, so the gradient
+  reaches the embeddings along an identity path, and training is stable without warmup
+  tricks (Xiong et al. 2020, "On Layer Normalization in the Transformer Architecture").
+- post-norm (the original Transformer, GPT-1, BERT): ``norm1(x + attn(x))``, then
+  ``norm2(x + ffn(x))``. Kept for the lessons' comparison.
+- parallel (GPT-J, PaLM): ``x + attn(norm1(x)) + ffn(norm1(x))``. Both branches read the
+  same input, so they can run at the same time; we follow PaLM and GPT-J in sharing one norm
+  (GPT-NeoX keeps two), so a parallel block has no ``norm2``.
+
+Left out on purpose: dropout here (attention and the FFN apply their own residual dropout),
+mixture-of-experts FFNs, and per-layer options (every block has the same config).
+"""
+
+from __future__ import annotations
+
+from decoder.attention import CausalSelfAttention, KVCache
+from decoder.config import ModelConfig
+from minigrad import Tensor
+from minigrad.nn import MLP, LayerNorm, Module, RMSNorm, SwiGLU
+
+
+def make_norm(config: ModelConfig) -> Module:
+    """The norm the config asks for: LayerNorm (GPT-2) or RMSNorm (Llama), n_embd wide.
+
+    >>> type(make_norm(ModelConfig(norm="rms", n_embd=8, n_head=2))).__name__
+    'RMSNorm'
+    """
+    if config.norm == "layer":
+        return LayerNorm(config.n_embd, bias=config.bias)
+    return RMSNorm(config.n_embd)
+
+
+class Block(Module):
+    """One transformer layer: ``forward(x, cache)`` maps (B, T, C) to (B, T, C)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.norm_position = config.norm_position
+        self.parallel = config.parallel_block
+        self.norm1 = make_norm(config)
+        self.attn = CausalSelfAttention(
+            config.n_embd,
+            config.n_head,
+            config.n_kv_head,
+            bias=config.bias,
+            dropout=config.dropout,
+            pos=config.pos,
+            block_size=config.block_size,
+            rope_theta=config.rope_theta,
+            impl=config.attn_impl,
+        )
+        if not self.parallel:  # a parallel block shares norm1 between its two branches
+            self.norm2 = make_norm(config)
+        ffn = MLP if config.ffn == "gelu" else SwiGLU
+        self.ffn = ffn(config.n_embd, config.ffn_hidden, config.bias, config.dropout)
+
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+        if self.parallel:
+            h = self.norm1(x)  # one norm feeds both branches, as in PaLM
+            return x + self.attn(h, cache) + self.ffn(h)
+        if self.norm_position == "pre":
+            x = x + self.attn(self.norm1(x), cache)
+            return x + self.ffn(self.norm2(x))
+        # post-norm: the sum is normalised, so the residual stream passes through every norm
+        x = self.norm1(x + self.attn(x, cache))
+        return self.norm2(x + self.ffn(x))

@@ -1,0 +1,253 @@
+"""Training text and token batches.
+
+Holds the Tiny Shakespeare download (cached, checksummed, written atomically), a loader for
+any UTF-8 text file, and ``TokenDataset``: a corpus tokenised once, split 90/10 into train and
+validation ids, from which ``get_batch`` draws random windows ``x`` and their next tokens ``y``.
+``TokenDataset.from_text`` keeps the ids in a ``.npy`` file keyed by the text and the
+tokenizer, opened as a memory map, so a second run skips tokenising.
+
+Left out on purpose: datasets larger than memory while tokenising (the text is read whole),
+document boundaries and shuffled epochs (random windows, as in nanoGPT, are enough for a
+character- or small-BPE-level model of one corpus), and any framework tensors: batches are
+NumPy ``int64`` arrays, and the training loop moves them to its device.
+
+Follows Karpathy's char-rnn (the corpus) and nanoGPT (``data/shakespeare_char/prepare.py``:
+the 90/10 split and uint16 ids on disk; ``train.py``'s ``get_batch``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from decoder.tokenizer import Tokenizer
+
+SHAKESPEARE_URL = (
+    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+)
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_FILENAME = "tinyshakespeare.txt"
+DOWNLOAD_TIMEOUT_S = 30  # per blocking network operation, so no network means an error, not a hang
+VAL_FRACTION = 0.1  # the last 10% of the tokens validate
+TOKEN_CACHE_VERSION = 1  # part of the cache key: bump it when the file layout changes
+
+# Files whose checksum this process has already checked, as (path, sha256): checking
+# costs a read of the whole file, so it is done at most once per process.
+_verified: set[tuple[str, str]] = set()
+
+
+# ---- files --------------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    """``$MINIGRAD_DATA_DIR`` if set, else ``$XDG_CACHE_HOME/minigrad``, else ``~/.cache/minigrad``.
+
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"MINIGRAD_DATA_DIR": "/data/mg"}):
+    ...     print(cache_dir())
+    /data/mg
+    """
+    if os.environ.get("MINIGRAD_DATA_DIR"):
+        return Path(os.environ["MINIGRAD_DATA_DIR"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "minigrad"
+    return Path.home() / ".cache" / "minigrad"
+
+
+def load_text(path: str | os.PathLike) -> str:
+    """The contents of a UTF-8 text file, with errors that name the file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"text file not found: {path}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text: byte {e.start} is {data[e.start : e.start + 1]!r}; "
+            "convert it first (for example: iconv -t UTF-8)"
+        ) from None
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, as hex, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _has_checksum(path: Path, sha256: str) -> bool:
+    """Whether ``path`` exists and hashes to ``sha256``, hashing once per process."""
+    key = (str(path), sha256)
+    if key in _verified and path.is_file():
+        return True
+    if path.is_file() and sha256_file(path) == sha256:
+        _verified.add(key)
+        return True
+    return False
+
+
+def download(url: str, dest: Path, sha256: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
+    """Fetch ``url`` into ``dest`` if its SHA-256 is ``sha256``; otherwise raise ValueError.
+
+    The bytes go to a temporary file beside ``dest`` and are renamed over it only once
+    checked (``os.replace`` is atomic within a folder), so ``dest`` is never half written
+    and a failed download leaves nothing behind. Network failures raise ``OSError``.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as response:
+            while block := response.read(1 << 16):
+                digest.update(block)
+                f.write(block)
+        got = digest.hexdigest()
+        if got != sha256:
+            raise ValueError(
+                f"checksum mismatch for {url}: expected sha256 {sha256}, got {got}; "
+                "the download was discarded"
+            )
+        os.replace(tmp, dest)
+        _verified.add((str(dest), sha256))
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # gone already after a successful os.replace
+
+
+def load_shakespeare(
+    path: str | os.PathLike | None = None,
+    url: str = SHAKESPEARE_URL,
+    sha256: str = SHAKESPEARE_SHA256,
+) -> str:
+    """Tiny Shakespeare (about 1.1 MB): from ``path`` if given, else the cache, else ``url``.
+
+    A cached copy is used when its checksum matches; otherwise it is downloaded again.
+    """
+    if path is not None:
+        return load_text(path)
+    target = cache_dir() / SHAKESPEARE_FILENAME
+    if not _has_checksum(target, sha256):
+        try:
+            download(url, target, sha256)
+        except OSError as e:  # no network, DNS failure, timeout, HTTP error
+            stale = " (the file there now has another checksum)" if target.exists() else ""
+            raise RuntimeError(
+                f"could not download Tiny Shakespeare from {url}: {e}. Without network, put "
+                f"the file at {target}{stale} (sha256 {sha256}), or pass --data PATH to train "
+                "on a local text file."
+            ) from e
+    return load_text(target)
+
+
+# ---- token ids ----------------------------------------------------------------------------------
+def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
+    """The smallest unsigned type that holds ids ``0 .. vocab_size - 1`` (uint16 or uint32).
+
+    >>> token_dtype(50257).__name__, token_dtype(2**16).__name__, token_dtype(100277).__name__
+    ('uint16', 'uint16', 'uint32')
+    """
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+def _token_cache_key(text: str, tokenizer: Tokenizer) -> str:
+    """A hash of everything the ids depend on: the text and the tokenizer's full state."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(tokenizer.to_dict(), sort_keys=True).encode("utf-8"))
+    digest.update(f"\0v{TOKEN_CACHE_VERSION}\0".encode())
+    digest.update(text.encode("utf-8"))
+    return digest.hexdigest()[:32]
+
+
+class TokenDataset:
+    """A corpus of token ids, split 90/10 into ``train`` and ``val``, served as random windows.
+
+    >>> data = TokenDataset(list(range(100)))
+    >>> len(data.train), len(data.val)
+    (90, 10)
+    >>> x, y = data.get_batch("val", batch_size=2, block_size=4, rng=np.random.default_rng(0))
+    >>> x.shape, x.dtype, bool((y == x + 1).all())
+    ((2, 4), dtype('int64'), True)
+    """
+
+    def __init__(self, ids: Sequence[int] | np.ndarray, val_fraction: float = VAL_FRACTION):
+        if not 0 <= val_fraction < 1:
+            raise ValueError(f"val_fraction={val_fraction} must be in [0, 1)")
+        if not isinstance(ids, np.ndarray):  # a list from encode(): store it compactly
+            ids = np.asarray(ids, dtype=token_dtype(max(ids, default=0) + 1))
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+        self.ids = ids
+        self.path: Path | None = None  # the cache file, for a dataset made by from_text
+        n_train = int(len(ids) * (1 - val_fraction))
+        # Slices of a memmap stay memmaps: nothing is read until a batch asks for it.
+        self.train = ids[:n_train]
+        self.val = ids[n_train:]
+
+    @classmethod
+    def from_text(
+        cls,
+        text: str,
+        tokenizer: Tokenizer,
+        cache: str | os.PathLike | None = None,
+        val_fraction: float = VAL_FRACTION,
+    ) -> TokenDataset:
+        """Tokenise ``text`` once; later calls with the same text and tokenizer reuse the ids.
+
+        The ids live in ``cache`` (default ``cache_dir() / "tokens"``) as ``<key>.npy``, keyed
+        by a hash of the text and ``tokenizer.to_dict()``, and are opened as a read-only memory
+        map, so even a large corpus costs no memory until batches touch it.
+        """
+        if not text:
+            raise ValueError("the text is empty: there is nothing to train on")
+        folder = Path(cache) if cache is not None else cache_dir() / "tokens"
+        path = folder / f"{_token_cache_key(text, tokenizer)}.npy"
+        if not path.is_file():
+            ids = np.asarray(tokenizer.encode(text), dtype=token_dtype(tokenizer.vocab_size))
+            folder.mkdir(parents=True, exist_ok=True)
+            # Write beside the target and rename: a concurrent or killed run never leaves a
+            # half-written file under the final name.
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=path.stem + ".", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    np.save(f, ids)
+                os.replace(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        dataset = cls(np.load(path, mmap_mode="r"), val_fraction)
+        dataset.path = path
+        return dataset
+
+    def split(self, name: str) -> np.ndarray:
+        """The ids of split ``"train"`` or ``"val"``."""
+        if name == "train":
+            return self.train
+        if name == "val":
+            return self.val
+        raise ValueError(f"unknown split {name!r}: use 'train' or 'val'")
+
+    def get_batch(
+        self, split: str, batch_size: int, block_size: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``batch_size`` random windows of ``split``: inputs ``x`` and targets ``y``, (B, T)
+        ``int64`` each, where ``y[b, t]`` is the token after ``x[b, t]``."""
+        data = self.split(split)
+        if len(data) < block_size + 1:
+            raise ValueError(
+                f"the {split} split has {len(data)} tokens, but a window of block_size="
+                f"{block_size} needs {block_size + 1} (inputs plus the next token): use a "
+                "longer text or a smaller block_size"
+            )
+        starts = rng.integers(0, len(data) - block_size, size=batch_size)  # (B,)
+        window = starts[:, None] + np.arange(block_size + 1)  # (B,) -> (B, T + 1)
+        tokens = np.asarray(data[window], dtype=np.int64)  # (B, T + 1), read from disk here
+        x = np.ascontiguousarray(tokens[:, :-1])  # (B, T)
+        y = np.ascontiguousarray(tokens[:, 1:])  # (B, T), shifted by one
+        return x, y

@@ -1,0 +1,155 @@
+"""Sampling from a trained checkpoint, streamed to the terminal as the tokens come.
+
+    python -m decoder.generate --checkpoint runs/shakespeare-char --prompt "ROMEO:" \\
+        --max-new-tokens 500 --temperature 0.8 --top-k 40 --top-p 0.95 --seed 1
+
+The model's ``generate`` yields one token id at a time; ``stream_decode`` turns those into
+text pieces without ever printing half of a multi-byte character (a byte-level BPE token
+can end in the middle of one: "é" is two bytes, and they may come in two tokens).
+A prompt longer than the context is cropped to its last ``block_size`` tokens, with a
+notice on stderr (the model could not attend further back anyway).
+
+Left out on purpose: batched sampling of several prompts, beam search, stop sequences.
+Follows nanoGPT's ``sample.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+
+REPLACEMENT = "\ufffd"  # what a UTF-8 decoder with errors="replace" puts for broken bytes
+
+
+def stream_decode(tokenizer: Any, ids: Iterable[int], max_pending: int = 8) -> Iterator[str]:
+    """Decode token ids one by one into text pieces, never splitting a UTF-8 character.
+
+    A token whose bytes end inside a character is held back until the character is
+    complete; after ``max_pending`` tokens it is let through as it is (the model did
+    produce an invalid byte sequence).
+
+    >>> from types import SimpleNamespace
+    >>> byte_tok = SimpleNamespace(decode=lambda ids: bytes(ids).decode("utf-8", "replace"))
+    >>> list(stream_decode(byte_tok, [104, 0xC3, 0xA9, 33]))  # "h", then "é" as two bytes, "!"
+    ['h', 'é', '!']
+    """
+    pending: list[int] = []
+    for token in ids:
+        pending.append(int(token))
+        text = _decode_whole(tokenizer, pending)
+        if text is None and len(pending) < max_pending:
+            continue  # subtle: wait for the rest of the character
+        yield text if text is not None else tokenizer.decode(pending)
+        pending = []
+    if pending:
+        yield tokenizer.decode(pending)
+
+
+def _decode_whole(tokenizer: Any, ids: list[int]) -> str | None:
+    """The text of ``ids``, or None if it ends inside a multi-byte character."""
+    try:
+        text = tokenizer.decode(ids)
+    except UnicodeDecodeError:  # a tokenizer that decodes strictly
+        return None
+    return None if text.endswith(REPLACEMENT) else text
+
+
+def print_sample(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    use_cache: bool = True,
+    out: TextIO | None = None,
+) -> str:
+    """Write ``prompt`` and then its continuation to ``out`` (stdout), flushing each piece.
+
+    Returns the whole text written. Raises the tokenizer's error for a prompt it cannot
+    encode, and ValueError for an empty prompt.
+    """
+    out = out or sys.stdout
+    ids = tokenizer.encode(prompt)
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty: give at least one character, e.g. --prompt '\\n'")
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        print(
+            f"note: the prompt has {len(ids)} tokens, more than the context of {block_size}; "
+            f"the model sees only the last {block_size}",
+            file=sys.stderr,
+        )
+        ids = ids[-block_size:]
+    pieces = [prompt]
+    out.write(prompt)
+    out.flush()
+    tokens = model.generate(
+        [ids],
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        use_cache=use_cache,
+    )
+    for piece in stream_decode(tokenizer, tokens):
+        out.write(piece)
+        out.flush()  # stream: show each piece as soon as it exists
+        pieces.append(piece)
+    out.write("\n")
+    out.flush()
+    return "".join(pieces)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the process exit code."""
+    from decoder.checkpoint import CheckpointError, load_model
+
+    p = argparse.ArgumentParser(
+        prog="python -m decoder.generate", description="Sample text from a trained checkpoint."
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a run directory (--out of training) or one of its ckpt-* directories",
+    )
+    p.add_argument("--prompt", default="\n", help="the text to continue (default: a newline)")
+    p.add_argument("--max-new-tokens", type=int, default=500)
+    p.add_argument("--temperature", type=float, default=0.8, help="< 1 sharper, > 1 flatter")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold")
+    p.add_argument("--seed", type=int, default=None, help="for a reproducible sample")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="recompute the whole context each "
+        "token instead of using the KV cache (slower; for comparison)",
+    )
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    args = p.parse_args(argv)
+    try:
+        model, tokenizer, _ = load_model(args.checkpoint, device=args.device)
+        print_sample(
+            model,
+            tokenizer,
+            args.prompt,
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            use_cache=not args.no_cache,
+        )
+    except (CheckpointError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

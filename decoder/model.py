@@ -1,0 +1,316 @@
+"""The decoder-only transformer (GPT): token ids in, next-token logits out, and sampling.
+
+    ids (B, T) -> tok_emb (+ pos_emb) -> dropout -> blocks -> norm_f -> lm_head -> (B, T, V)
+
+One ``Decoder`` covers GPT-2 (learned positions, LayerNorm, GELU MLP, pre-norm) and the
+Llama family's choices (RoPE, RMSNorm, SwiGLU, grouped-query attention) through
+``ModelConfig``. Positions come in two kinds: learned and sinusoidal tables are *added* to the
+token embeddings here; RoPE and ALiBi act inside attention (decoder/attention.py).
+
+Initialisation follows GPT-2 (as nanoGPT's ``_init_weights``): every Linear and Embedding
+weight normal with std 0.02, biases zero, and the two projections that write into the
+residual stream (``attn.wo`` and ``ffn.w2``) scaled by 1 / sqrt(2 n_layer), because each of
+the 2 n_layer residual branches adds its output to the same stream and the variances add up.
+
+With ``tie_weights`` the output layer reuses the token embedding matrix (Press & Wolf 2017):
+``lm_head.weight is tok_emb.weight``, one Parameter that receives the sum of both uses'
+gradients. ``Module`` lists it once (as ``tok_emb.weight``) in ``parameters()``,
+``num_parameters()`` and ``state_dict()``, and ``load_state_dict`` copies into it in place,
+so a load keeps the tie.
+
+Post-norm models have no ``norm_f`` (it is None): their last block already ends with a norm,
+as in the original Transformer and GPT-1.
+
+``generate`` samples one sequence (batch size 1) and yields the tokens as they come; see its
+docstring for the KV cache. Left out on purpose: batched generation, beam search, a rolling
+(sliding-window) cache, and computing the logits of the last position only.
+Follows nanoGPT's ``model.py`` (Karpathy) and Meta's Llama reference code for the names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from decoder.attention import KVCache
+from decoder.block import Block, make_norm
+from decoder.config import ModelConfig
+from decoder.positional import LearnedPositions, SinusoidalPositions
+from minigrad import functional as F
+from minigrad.autograd import no_grad
+from minigrad.backend import to_numpy
+from minigrad.nn import Dropout, Embedding, Linear, Module, ModuleList
+from minigrad.nn.layers import INIT_STD, normal_parameter
+from minigrad.tensor import Tensor
+
+
+class Decoder(Module):
+    """A GPT-style language model built from a ``ModelConfig``.
+
+    >>> model = Decoder(ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    >>> logits, loss = model([[1, 2, 3]])
+    >>> logits.shape, loss
+    ((1, 3, 11), None)
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        C = config.n_embd
+        self.tok_emb = Embedding(config.vocab_size, C)
+        # positions added to the embeddings; rope and alibi live in attention, "none" has none
+        positions = {"learned": LearnedPositions, "sinusoidal": SinusoidalPositions}
+        kind = positions.get(config.pos)
+        self.pos_emb = kind(config.block_size, C) if kind else None
+        self.drop = Dropout(config.dropout)
+        self.blocks = ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm_f = make_norm(config) if config.norm_position == "pre" else None
+        self.lm_head = Linear(C, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight  # one Parameter, two uses
+        # GPT-2's scaled init of the residual projections: 2 n_layer branches add into x
+        std = INIT_STD / math.sqrt(2 * config.n_layer)
+        for block in self.blocks:
+            for proj in (block.attn.wo, block.ffn.w2):
+                proj.weight = normal_parameter(proj.weight.shape, std)
+
+    @property
+    def device(self) -> str:
+        return self.tok_emb.weight.device
+
+    # ---- the forward pass ------------------------------------------------------------------
+    def forward(
+        self, ids: Any, targets: Any = None, caches: list[KVCache] | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Logits (B, T, V) for integer ids (B, T), and the mean cross-entropy against
+        ``targets`` (B, T) when given (else None; targets of -100 are left out of the mean).
+
+        With ``caches`` (from ``new_caches``), ids are the next T tokens after those already
+        cached: positions start at the cache length, and each block's cache grows by T.
+        """
+        ids = self._as_ids(ids, "ids")
+        B, T = ids.shape
+        offset = 0
+        if caches is not None:
+            if len(caches) != len(self.blocks):
+                raise ValueError(
+                    f"got {len(caches)} caches for {len(self.blocks)} blocks: "
+                    f"make them with model.new_caches(batch_size)"
+                )
+            offset = caches[0].length
+        block_size = self.config.block_size
+        if offset + T > block_size:
+            held = f"the cache holds {offset} tokens, and {offset} + " if caches else ""
+            raise ValueError(
+                f"{held}T={T} tokens exceed the context, block_size={block_size}: "
+                f"crop the input to its last {block_size - offset} tokens"
+            )
+        x = self.tok_emb(ids)  # (B, T) -> (B, T, C)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(T, offset)  # (T, C) broadcasts over the batch
+        x = self.drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if caches is None else caches[i])
+        if self.norm_f is not None:
+            x = self.norm_f(x)
+        logits = self.lm_head(x)  # (B, T, C) -> (B, T, V)
+        if targets is None:
+            return logits, None
+        targets = self._as_ids(targets, "targets", check_range=False)
+        if targets.shape != (B, T):
+            raise ValueError(f"targets have shape {targets.shape}, but ids have {(B, T)}")
+        V = logits.shape[-1]
+        loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
+        return logits, loss
+
+    def _as_ids(self, ids: Any, what: str, check_range: bool = True) -> Tensor:
+        """``ids`` (a Tensor, an array or nested lists) as an int64 (B, T) Tensor on the
+        model's device, after checking that every id is in the vocabulary."""
+        data = ids.data if isinstance(ids, Tensor) else ids
+        if not hasattr(data, "dtype"):
+            data = np.asarray(data)
+        if data.dtype.kind not in "iu":
+            raise TypeError(f"{what} must be integer token ids, got dtype {data.dtype}")
+        if data.ndim != 2:
+            raise ValueError(
+                f"{what} must have shape (B, T), got {data.shape}: for one sequence, "
+                f"wrap it as [ids] (or ids[None])"
+            )
+        V = self.config.vocab_size
+        if check_range and data.size:
+            lo, hi = int(data.min()), int(data.max())
+            if lo < 0 or hi >= V:
+                raise ValueError(
+                    f"token id {lo if lo < 0 else hi} is outside the vocabulary: ids must be "
+                    f"in [0, vocab_size) with vocab_size={V}; was the text encoded with "
+                    f"another tokenizer?"
+                )
+        return Tensor(data.astype(np.int64, copy=False), device=self.device)
+
+    def new_caches(self, batch_size: int) -> list[KVCache]:
+        """One empty KV cache per block, in the model's dtype and on its device."""
+        return [block.attn.new_cache(batch_size) for block in self.blocks]
+
+    def num_parameters(
+        self, exclude_embeddings: bool = False, *, trainable_only: bool = False
+    ) -> int:
+        """How many numbers the model holds, the tied matrix once.
+
+        ``exclude_embeddings`` leaves out the lookup tables (token and learned position
+        embeddings), as Kaplan et al. (2020) count N for their scaling laws: about
+        12 n_layer n_embd^2. An untied ``lm_head`` is a matmul and stays counted. (nanoGPT's
+        ``get_num_params`` leaves out the position table only.)
+        """
+        total = super().num_parameters(trainable_only=trainable_only)
+        if exclude_embeddings:
+            tables = [self.tok_emb.weight]
+            if isinstance(self.pos_emb, LearnedPositions):
+                tables.append(self.pos_emb.weight)
+            total -= sum(p.size for p in tables if p.requires_grad or not trainable_only)
+        return total
+
+    # ---- sampling --------------------------------------------------------------------------
+    def generate(
+        self,
+        ids: Any,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        use_cache: bool = True,
+    ) -> Iterator[int]:
+        """Continue the prompt ``ids`` (shape (T,) or (1, T): one sequence), yielding each new
+        token id (an int) as soon as it is sampled.
+
+        ``temperature`` 0 picks the most likely token (greedy); otherwise the logits are
+        divided by it (< 1 sharper, > 1 flatter), cut to the ``top_k`` most likely tokens
+        and/or to the nucleus of mass ``top_p``, and sampled with a NumPy Generator seeded by
+        ``seed``. Each step runs without a graph and in eval mode; the modules' previous
+        modes are restored before each token is yielded.
+
+        With ``use_cache``, the prompt (cropped to its last block_size tokens) is run once to
+        fill the KV caches, then each step feeds only the newest token. Once the cache is full
+        (block_size tokens), generation falls back to recomputing the last block_size tokens
+        every step, exactly as ``use_cache=False`` does throughout: a rolling cache would keep
+        keys computed at positions that the cropped window has shifted.
+
+        Settings are checked here, at the call, not at the first token.
+        """
+        data = ids.data if isinstance(ids, Tensor) else ids
+        prompt = to_numpy(data) if hasattr(data, "dtype") else np.asarray(data)  # on the CPU
+        if prompt.ndim == 2 and prompt.shape[0] == 1:
+            prompt = prompt[0]
+        if prompt.ndim != 1:
+            raise ValueError(
+                f"generate samples one sequence: ids must have shape (T,) or (1, T), "
+                f"got {prompt.shape}"
+            )
+        if prompt.size == 0:
+            raise ValueError("generate needs a prompt of at least one token, got none")
+        self._as_ids(prompt[None], "ids")  # check the dtype and the vocabulary now
+        check_sampling(temperature, top_k, top_p)
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        return self._sample(prompt.tolist(), max_new_tokens, settings, seed, use_cache)
+
+    def _sample(
+        self,
+        context: list[int],
+        max_new_tokens: int,
+        settings: dict,
+        seed: int | None,
+        use_cache: bool,
+    ) -> Iterator[int]:
+        rng = np.random.default_rng(seed)
+        block_size = self.config.block_size
+        caches = None
+        for _ in range(max_new_tokens):
+            with _inference(self):
+                if use_cache and caches is None:  # prefill: the whole cropped prompt at once
+                    caches = self.new_caches(1)
+                    logits, _ = self([context[-block_size:]], caches=caches)
+                elif use_cache and caches[0].length < block_size:  # feed the newest token
+                    logits, _ = self([context[-1:]], caches=caches)
+                else:  # no cache, or a full one: recompute over the last block_size tokens
+                    logits, _ = self([context[-block_size:]])
+            token = sample_token(to_numpy(logits.data[0, -1]), rng=rng, **settings)
+            context = context[-block_size:] + [token]  # older tokens can never be seen again
+            yield token
+
+
+@contextmanager
+def _inference(model: Module) -> Iterator[None]:
+    """No graph and eval mode inside; every module's own mode restored afterwards."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with no_grad():
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise a ValueError naming the first invalid sampling setting.
+
+    >>> check_sampling(0.8, 40, 0.95)
+    >>> check_sampling(1.0, 0, None)
+    Traceback (most recent call last):
+    ...
+    ValueError: top_k must be a positive integer (or None for no cut), got 0
+    """
+    if not temperature >= 0:  # `not >=` also catches NaN
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and (int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer (or None for no cut), got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (or None for no cut), got {top_p}")
+
+
+def sample_token(
+    logits: np.ndarray,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    rng: np.random.Generator | None = None,
+) -> int:
+    """One token id drawn from the logits (V,) of the next position.
+
+    temperature 0 is greedy. Otherwise: divide by the temperature; keep the ``top_k`` largest
+    logits (k above V keeps all; ties with the k-th are kept too); turn them into
+    probabilities; keep the nucleus, the smallest set of most likely tokens whose mass
+    reaches ``top_p`` (the top token always stays); renormalise and draw.
+
+    >>> logits = np.array([1.0, 3.0, 2.0])
+    >>> sample_token(logits, temperature=0.0), sample_token(logits, top_k=1)
+    (1, 1)
+    >>> sorted({sample_token(logits, top_p=0.9, rng=np.random.default_rng(s)) for s in range(50)})
+    [1, 2]
+    """
+    check_sampling(temperature, top_k, top_p)
+    logits = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        return int(np.argmax(logits))
+    logits = logits / temperature
+    V = logits.shape[-1]
+    if top_k is not None and top_k < V:
+        kth = np.partition(logits, V - top_k)[V - top_k]  # the k-th largest logit
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max())  # subtle: subtract the max so exp cannot overflow
+    probs /= probs.sum()
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")  # most likely first
+        mass_before = np.cumsum(probs[order]) - probs[order]  # mass of the tokens ahead of each
+        keep = np.zeros(V, dtype=bool)
+        keep[order[mass_before < top_p]] = True  # the first token has 0 ahead: always kept
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum()
+    rng = rng if rng is not None else np.random.default_rng()
+    return int(rng.choice(V, p=probs))

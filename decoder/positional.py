@@ -1,0 +1,215 @@
+"""Position information for the decoder: four schemes, plus "none", and their tables for plots.
+
+Attention by itself is blind to order: permute the tokens and each output moves with its
+token, unchanged. Two families fix that:
+
+- Added to the token embeddings, once, before the first block (used by decoder/model.py):
+  ``LearnedPositions`` (GPT-2: a trained (block_size, C) table) and ``SinusoidalPositions``
+  (the original Transformer: a fixed table of sines and cosines, ``sinusoidal_table``).
+- Applied inside every attention layer (used by decoder/attention.py): ``RoPE`` rotates
+  queries and keys by an angle proportional to their position, so q_i . k_j depends on i - j
+  only (``rope_tables``); ALiBi adds -slope * |i - j| to the scores (``alibi_slopes``,
+  ``alibi_bias``).
+
+Every scheme has a helper returning plain NumPy arrays for the lessons' plots.
+Left out on purpose: RoPE scaling tricks for longer contexts (NTK, YaRN), interleaved-pair
+RoPE (GPT-J, Meta's Llama code), and T5's learned relative buckets.
+Follows Vaswani et al. (2017), Radford et al. (2019), Su et al., "RoFormer" (2021), and
+Press et al., "Train Short, Test Long" (ALiBi, 2022).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minigrad.nn import Module
+from minigrad.nn.layers import INIT_STD, normal_parameter
+from minigrad.tensor import Tensor, concatenate
+
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+
+
+def _check_span(name: str, T: int, offset: int, block_size: int) -> None:
+    """Raise unless positions offset .. offset + T - 1 fit in a table of block_size rows."""
+    if offset < 0 or offset + T > block_size:
+        raise ValueError(
+            f"{name}: positions {offset}..{offset + T - 1} do not fit block_size={block_size}: "
+            f"the sequence (plus the cache offset) must hold at most block_size tokens; crop "
+            f"the input or build the model with a larger block_size"
+        )
+
+
+# ---- added to the embeddings -----------------------------------------------------------------
+def sinusoidal_table(block_size: int, n_embd: int) -> np.ndarray:
+    """The original Transformer's position table (block_size, n_embd), float32.
+
+    Column 2i holds sin(pos / 10000^(2i / n_embd)) and column 2i + 1 the cosine of the same
+    angle: wavelengths from 2 pi to 10000 * 2 pi, so nearby positions differ in the fast
+    columns and distant ones in the slow columns.
+
+    >>> sinusoidal_table(3, 4).round(3)
+    array([[ 0.   ,  1.   ,  0.   ,  1.   ],
+           [ 0.841,  0.54 ,  0.01 ,  1.   ],
+           [ 0.909, -0.416,  0.02 ,  1.   ]], dtype=float32)
+    """
+    pos = np.arange(block_size)[:, None]  # (block_size, 1)
+    freqs = 10000.0 ** (-np.arange(0, n_embd, 2) / n_embd)  # (ceil(n_embd / 2),)
+    angles = pos * freqs  # (block_size, ceil(n_embd / 2))
+    table = np.zeros((block_size, n_embd))
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles[:, : n_embd // 2])  # an odd n_embd has one sine more
+    return table.astype(np.float32)
+
+
+class LearnedPositions(Module):
+    """A trained table of position vectors (GPT-2): ``forward(T, offset)`` gives rows
+    offset .. offset + T - 1, shape (T, n_embd), to add to the token embeddings.
+
+    >>> LearnedPositions(16, 8)(T=4, offset=2).shape
+    (4, 8)
+    """
+
+    def __init__(self, block_size: int, n_embd: int):
+        super().__init__()
+        self.block_size, self.n_embd = block_size, n_embd
+        self.weight = normal_parameter((block_size, n_embd), INIT_STD)
+
+    def forward(self, T: int, offset: int = 0) -> Tensor:
+        _check_span("LearnedPositions", T, offset, self.block_size)
+        return self.weight[offset : offset + T]  # (block_size, C) -> (T, C)
+
+    def extra_repr(self) -> str:
+        return f"{self.block_size}, {self.n_embd}"
+
+
+class SinusoidalPositions(Module):
+    """The fixed sinusoidal table (a non-trainable buffer): ``forward(T, offset)`` gives
+    rows offset .. offset + T - 1, shape (T, n_embd).
+
+    >>> SinusoidalPositions(16, 8).num_parameters()
+    0
+    """
+
+    def __init__(self, block_size: int, n_embd: int):
+        super().__init__()
+        self.block_size, self.n_embd = block_size, n_embd
+        # not persistent: it is a function of the config, so checkpoints need not carry it
+        self.register_buffer("table", sinusoidal_table(block_size, n_embd), persistent=False)
+
+    def forward(self, T: int, offset: int = 0) -> Tensor:
+        _check_span("SinusoidalPositions", T, offset, self.block_size)
+        return self.table[offset : offset + T]  # (block_size, C) -> (T, C)
+
+    def extra_repr(self) -> str:
+        return f"{self.block_size}, {self.n_embd}"
+
+
+# ---- rotary embeddings -----------------------------------------------------------------------
+def rope_tables(
+    head_size: int, block_size: int, theta: float = 10000.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of RoPE's angles, each (block_size, head_size) float32, rotate-half layout.
+
+    Pair i (dimensions i and i + hs/2) turns by pos * theta^(-2i / hs); both halves of a
+    row hold the same angles, so ``x * cos + rotate_half(x) * sin`` needs no reshaping.
+
+    >>> cos, sin = rope_tables(head_size=4, block_size=3)
+    >>> cos.shape, sin[1].round(3)  # position 1: angles 1 and 1/100
+    ((3, 4), array([0.841, 0.01 , 0.841, 0.01 ], dtype=float32))
+    """
+    if head_size % 2:
+        raise ValueError(
+            f"RoPE rotates pairs of dimensions: head_size must be even, got {head_size}"
+        )
+    freqs = theta ** (-np.arange(0, head_size, 2) / head_size)  # (hs/2,) one per pair
+    angles = np.arange(block_size)[:, None] * freqs  # (block_size, hs/2)
+    angles = np.concatenate([angles, angles], axis=1)  # (block_size, hs/2) -> (block_size, hs)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class RoPE(Module):
+    """Rotary position embedding (RoFormer): rotate each pair of dimensions of q and k by an
+    angle proportional to the position, so that q_i . k_j depends on i - j only.
+
+    Pairing convention: "rotate-half", as GPT-NeoX and Hugging Face's Llama: dimension d is
+    paired with d + hs/2 (not with its neighbour d + 1, as GPT-J and Meta's Llama code do).
+    For x = (x1, x2), the two halves,
+        rope(x, pos) = x * cos + (-x2, x1) * sin,
+    which turns each pair (x1[i], x2[i]) by the angle pos * theta^(-2i / hs). The two
+    conventions give models of equal quality but are not interchangeable for loaded weights.
+
+    ``forward(x, offset)`` rotates x (B, h, T, hs) at absolute positions offset .. offset+T-1,
+    built from Tensor ops so autograd differentiates it (a rotation: the gradient is rotated
+    back by the same angle).
+
+    >>> import minigrad as mg
+    >>> RoPE(head_size=8, block_size=16)(mg.randn(2, 4, 5, 8), offset=3).shape
+    (2, 4, 5, 8)
+    """
+
+    def __init__(self, head_size: int, block_size: int, theta: float = 10000.0):
+        super().__init__()
+        self.head_size, self.block_size, self.theta = head_size, block_size, theta
+        cos, sin = rope_tables(head_size, block_size, theta)
+        self.register_buffer("cos", cos, persistent=False)  # (block_size, hs)
+        self.register_buffer("sin", sin, persistent=False)  # (block_size, hs)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        T, hs = x.shape[-2], x.shape[-1]
+        if hs != self.head_size:
+            raise ValueError(f"RoPE built for head_size={self.head_size}, got x of shape {x.shape}")
+        _check_span("RoPE", T, offset, self.block_size)
+        cos = self.cos[offset : offset + T]  # (block_size, hs) -> (T, hs)
+        sin = self.sin[offset : offset + T]  # (block_size, hs) -> (T, hs)
+        half = hs // 2
+        x1, x2 = x[..., :half], x[..., half:]  # (B, h, T, hs) -> 2 x (B, h, T, hs/2)
+        rotated = concatenate(
+            [-x2, x1], axis=-1
+        )  # -> (B, h, T, hs): each pair turned by 90 degrees
+        return x * cos + rotated * sin  # (T, hs) tables broadcast over B and h
+
+    def extra_repr(self) -> str:
+        return f"head_size={self.head_size}, block_size={self.block_size}, theta={self.theta}"
+
+
+# ---- ALiBi -----------------------------------------------------------------------------------
+def alibi_slopes(n_head: int) -> np.ndarray:
+    """ALiBi's per-head slopes (n_head,), float64, as in the paper's reference code.
+
+    For a power of two n: the geometric sequence 2^(-8/n), 2^(-16/n), ..., 2^(-8). Otherwise
+    take the slopes of the largest power of two p < n, then every other slope of 2p for the
+    remaining n - p heads (so the slopes keep filling in between the same range).
+
+    >>> alibi_slopes(4).tolist()
+    [0.25, 0.0625, 0.015625, 0.00390625]
+    >>> alibi_slopes(6).tolist()  # 4 heads' slopes, then 8 heads' slopes 1 and 3
+    [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]
+    """
+    if n_head < 1:
+        raise ValueError(f"alibi_slopes: n_head must be at least 1, got {n_head}")
+
+    def power_of_two_slopes(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    p = 2 ** math.floor(math.log2(n_head))
+    slopes = power_of_two_slopes(p) + power_of_two_slopes(2 * p)[0::2][: n_head - p]
+    return np.array(slopes)
+
+
+def alibi_bias(n_head: int, T: int, S: int | None = None) -> np.ndarray:
+    """The bias ALiBi adds to the attention scores, (n_head, T, S), for plots.
+
+    bias[h, i, j] = -slope[h] * |(S - T + i) - j|: queries are the last T of S positions
+    (S defaults to T). The causal mask later hides j > S - T + i, so only the past counts.
+
+    >>> (alibi_bias(1, T=2, S=3)[0] * 256).tolist()  # one head: slope 2^-8
+    [[-1.0, -0.0, -1.0], [-2.0, -1.0, -0.0]]
+    """
+    S = T if S is None else S
+    if S < T:
+        raise ValueError(f"alibi_bias: need S >= T (queries are the last T keys), got T={T}, S={S}")
+    distance = np.abs((S - T + np.arange(T))[:, None] - np.arange(S)[None, :])  # (T, S)
+    return -alibi_slopes(n_head)[:, None, None] * distance  # (nh, 1, 1) * (T, S) -> (nh, T, S)

@@ -7,6 +7,7 @@ activations.py (gelu, silu), norms.py (layer_norm, rms_norm), dropout.py, linear
 """
 
 from minigrad.functional.activations import gelu, silu
+from minigrad.functional.attention import scaled_dot_product_attention
 from minigrad.functional.dropout import dropout
 from minigrad.functional.linear import embedding, linear
 from minigrad.functional.loss import cross_entropy
@@ -22,6 +23,7 @@ __all__ = [
     "linear",
     "log_softmax",
     "rms_norm",
+    "scaled_dot_product_attention",
     "silu",
     "softmax",
 ]

@@ -1,0 +1,1 @@
+"""Reference answers to the lessons' exercises, one module per lesson (``lessonNN.py``)."""

@@ -41,6 +41,11 @@ def test_notebook_is_committed_with_outputs_and_has_the_course_shape(path):
 def test_notebook_runs_top_to_bottom(path, monkeypatch):
     monkeypatch.setenv("LESSON_QUICK", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    # pytest-xdist runs two kernels side by side. OpenBLAS threads spin while they wait, so two
+    # kernels with a thread per core each slow one another ten-fold on a 2-core machine; the
+    # matrices in the lessons are small enough that one thread per kernel loses nothing.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(var, "1")
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
         nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(LESSONS)}}

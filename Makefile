@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: train test test-fast lint bench lessons clean
+.PHONY: train test test-fast lint bench lessons lessons-run clean
 
 $(VENV)/.stamp-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,14 +31,19 @@ test-fast: $(VENV)/.stamp-dev
 	$(PY) -m pytest -n 2 $(ARGS)
 
 lint: $(VENV)/.stamp-dev
-	$(PY) -m ruff check minigrad decoder tests bench
-	$(PY) -m ruff format --check minigrad decoder tests bench
+	$(PY) -m ruff check minigrad decoder tests bench lessons
+	$(PY) -m ruff format --check minigrad decoder tests bench lessons
 
 bench: $(VENV)/.stamp-oracle
 	$(PY) bench/overhead.py
 
 lessons: $(VENV)/.stamp-dev
 	$(VENV)/bin/jupyter notebook lessons/
+
+# Re-execute every lesson in place at its CI size, so the committed outputs match the code.
+lessons-run: $(VENV)/.stamp-dev
+	cd lessons && LESSON_QUICK=1 MPLBACKEND=Agg OPENBLAS_NUM_THREADS=1 \
+		../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace [0-9][0-9]_*.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: train test test-fast lint bench lessons lessons-run clean
+.PHONY: train test test-fast lint bench bench-train lessons lessons-run clean
 
 $(VENV)/.stamp-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,15 @@ lint: $(VENV)/.stamp-dev
 	$(PY) -m ruff check minigrad decoder tests bench lessons
 	$(PY) -m ruff format --check minigrad decoder tests bench lessons
 
+# The quick CPU benchmarks (about a minute); bench/README.md says what each measures.
 bench: $(VENV)/.stamp-oracle
 	$(PY) bench/overhead.py
+	$(PY) bench/fused_ops.py
+	$(PY) bench/attention.py
+
+# shakespeare-char trained by minigrad and by a PyTorch twin (about seven minutes)
+bench-train: $(VENV)/.stamp-oracle
+	$(PY) bench/train_vs_torch.py $(ARGS)
 
 lessons: $(VENV)/.stamp-dev
 	$(VENV)/bin/jupyter notebook lessons/

@@ -1,8 +1,9 @@
 """The checker behind every lesson's exercises.
 
 An exercise is a function the learner writes in the notebook, starting as a stub that raises
-NotImplementedError. Its checking cell calls ``check(name, answer, test)``, where ``test`` is a
-function that asserts what a right answer must do (usually against the library or gradcheck).
+NotImplementedError. Its checking cell calls ``check(lesson, name, answer, test)``, where
+``test`` is a function that asserts what a right answer must do (usually against the library
+or gradcheck).
 
 - When the learner has written an answer, ``check`` runs the test on it and says so.
 - While the stub is untouched, ``check`` runs the same test on the solution in

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
 from minigrad.tensor import Tensor
@@ -41,6 +43,47 @@ def dot_last(a: Any, b: Any) -> Any:
     return xp_of(a).einsum("...c,...c->...", a, b)[..., None]  # (..., C) -> (..., 1)
 
 
+def exp_shifted(x: Any) -> tuple[Any, Any, Any]:
+    """e = e^(x - m) along the last axis, its row sums, and the shift m: ``(e, total, m)``.
+
+    Softmax is e^x / sum e^x. The textbook code shifts each row by its own max first, so that
+    exp cannot overflow. On NumPy we skip the shift wherever it is not needed, because a max
+    per row costs more than the exp's whole pass (NumPy reduces a short last axis row by row;
+    bench/fused_ops.py), while one max over the whole array is cheap:
+    - if no logit exceeds half the log of the dtype's largest number (44 in float32), no e^x
+      and no row sum can overflow, so we take e^x of the logits as they are (m = 0): the
+      values are then as exact as exp itself, with no rounding in a subtraction;
+    - a row whose sum is below sqrt(tiny) (1e-19 in float32: all its logits are below about
+      -43) would lose precision, so that row alone is redone with its own max as the shift;
+    - larger logits, inf or nan anywhere, CuPy arrays (where the row max is cheap and this
+      branch would make the GPU wait for the CPU) and empty arrays take the textbook path.
+    ``m`` is a number, or a column (..., 1) when some rows were shifted. Log-softmax and the
+    cross-entropy do not use this: they subtract the log of the sum from the logits, and that
+    subtraction is exact near the max only when the max was subtracted first.
+
+    >>> import numpy as np
+    >>> e, total, m = exp_shifted(np.array([[0.0, 0.0], [-1e4, -1e4 - 1]]))  # row 1 is redone
+    >>> (e / total).round(4).tolist(), m.ravel().tolist()
+    ([[0.5, 0.5], [0.7311, 0.2689]], [0.0, -10000.0])
+    """
+    xp = xp_of(x)
+    if xp is np and x.size and x.max() <= 0.5 * np.log(np.finfo(x.dtype).max):  # nan: False
+        e = np.exp(x)
+        total = sum_last(e)
+        redo = total[..., 0] < np.sqrt(np.finfo(x.dtype).tiny)
+        if not redo.any():
+            return e, total, 0.0
+        m = np.zeros(total.shape, dtype=x.dtype)  # (..., 1): a shift per row
+        m[redo] = x[redo].max(axis=-1, keepdims=True)
+        e[redo] = np.exp(x[redo] - m[redo])
+        total[redo] = sum_last(e[redo])
+        return e, total, m
+    m = x.max(axis=-1, keepdims=True)  # the textbook shift: the largest exponent is e^0 = 1
+    e = x - m  # a fresh array, exponentiated in place
+    xp.exp(e, out=e)
+    return e, sum_last(e), m
+
+
 def _to_last(a: Any, axis: int) -> Any:
     """A view of ``a`` with ``axis`` moved to the end (``a`` itself when it is already there)."""
     return a if axis in (-1, a.ndim - 1) else xp_of(a).moveaxis(a, axis, -1)
@@ -61,10 +104,8 @@ class Softmax(Function):
 
     @staticmethod
     def forward(ctx, x, axis=-1):
-        x = _to_last(x, axis)  # the math below runs along the last axis
-        y = x - x.max(axis=-1, keepdims=True)  # a fresh array, so the next steps work in place
-        xp_of(x).exp(y, out=y)
-        y /= sum_last(y)
+        y, total, _ = exp_shifted(_to_last(x, axis))  # the math runs along the last axis
+        y /= total
         ctx.axis = axis
         ctx.save_for_backward(y)
         return _from_last(y, axis)
@@ -90,6 +131,8 @@ class LogSoftmax(Function):
     def forward(ctx, x, axis=-1):
         xp = xp_of(x)
         x = _to_last(x, axis)  # the math below runs along the last axis
+        # subtle: the shift must be each row's max here (not exp_shifted's): then x - m is
+        # exact where it matters, near the max, and log p_i keeps its relative precision
         y = x - x.max(axis=-1, keepdims=True)  # shifted logits; the largest is 0
         p = xp.exp(y)
         total = sum_last(p)

@@ -11,6 +11,7 @@ import minigrad as mg
 from minigrad import functional as F
 from minigrad.backend import to_numpy
 from minigrad.functional.activations import erf, erfc
+from minigrad.functional.softmax import exp_shifted
 
 
 def t64(rng, *shape, scale=1.0):
@@ -93,6 +94,55 @@ def test_softmax_rows_sum_to_one(rng):
     p = F.softmax(mg.randn(5, 9, rng=rng) * 10).numpy()
     np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-6)
     assert (p >= 0).all()
+
+
+def reference_softmax(x):
+    """Softmax and log-softmax in float64 with the textbook shift (each row's own max)."""
+    x = np.asarray(x, np.float64)
+    z = x - x.max(axis=-1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    return np.exp(log_p), log_p
+
+
+# logits that take each path of exp_shifted: no shift; no shift but one row redone with its
+# own max (all its logits near -100); the textbook shift (a logit above 44)
+SOFTMAX_CASES = {
+    "unshifted": [[0.0, 1.0, -2.0, 3.5], [-30.0, -31.0, -29.5, -35.0], [40.0, 38.0, -5.0, 0.0]],
+    "row redone": [[0.0, 1.0, -2.0, 3.5], [-100.0, -101.0, -99.5, -130.0]],
+    "textbook": [[0.0, 1.0, -2.0, 3.5], [60.0, 59.0, 0.0, 61.0]],
+}
+
+
+@pytest.mark.parametrize("case", SOFTMAX_CASES)
+def test_softmax_family_is_exact_on_every_path(case):
+    """Float32 results within a few ulps of a float64 reference, whichever shift softmax
+    takes: a shared shift would lose the second row's precision in "unshifted" (its logits sit
+    far below the array's max), and no shift at all would overflow in "textbook". Log-softmax
+    and the cross-entropy always shift by the row's max, and must be as exact."""
+    x32 = np.array(SOFTMAX_CASES[case], np.float32)
+    p_ref, log_p_ref = reference_softmax(x32)
+    np.testing.assert_allclose(F.softmax(mg.tensor(x32)).numpy(), p_ref, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(F.log_softmax(mg.tensor(x32)).numpy(), log_p_ref, rtol=1e-6)
+    targets = np.arange(x32.shape[0])
+    losses = F.cross_entropy(mg.tensor(x32), targets, reduction="none").numpy()
+    np.testing.assert_allclose(losses, -log_p_ref[targets, targets], rtol=1e-6)
+    e, total, m = exp_shifted(x32)
+    shifts = np.broadcast_to(m, (x32.shape[0], 1))[:, 0]
+    expected = {
+        "unshifted": [0, 0, 0],
+        "row redone": [0, x32[1].max()],
+        "textbook": x32.max(axis=-1),
+    }[case]
+    np.testing.assert_array_equal(shifts, expected)
+
+
+def test_softmax_keeps_nan_and_masked_rows_to_themselves():
+    x = np.array([[np.nan, 0.0], [1.0, 2.0], [0.0, -np.inf], [-np.inf, -np.inf]], np.float32)
+    with np.errstate(invalid="ignore"):  # nan - nan and -inf - (-inf), as expected
+        p = F.softmax(mg.tensor(x)).numpy()
+    assert np.isnan(p[0]).all() and np.isnan(p[3]).all()  # as torch: nothing to normalise
+    np.testing.assert_allclose(p[1], reference_softmax(x[1])[0], rtol=1e-6)
+    np.testing.assert_array_equal(p[2], [1.0, 0.0])
 
 
 # ---- cross_entropy -----------------------------------------------------------------------------

@@ -33,18 +33,17 @@ def _split_affine(arrays: tuple, has_weight: bool, has_bias: bool) -> tuple:
     return weight, bias
 
 
-def _sum_rows(a: Any, b: Any = None) -> Any:
-    """The sum over every row (all axes but the last) of ``a``, or of ``a * b`` without building
-    the product: the gradient of a (C,) weight or bias applied to each row.
+def _sum_rows(a: Any) -> Any:
+    """The sum over every row (all axes but the last) of ``a``: the gradient of a (C,) weight
+    or bias applied to each row. A vector of ones times the (N, C) rows: the BLAS does this
+    three times faster than ``sum(axis=0)`` (bench/fused_ops.py).
 
     >>> import numpy as np
-    >>> _sum_rows(np.ones((2, 3, 4)), np.full((2, 3, 4), 2.0)).tolist()
-    [12.0, 12.0, 12.0, 12.0]
+    >>> _sum_rows(np.ones((2, 3, 4))).tolist()
+    [6.0, 6.0, 6.0, 6.0]
     """
     rows = a.reshape(-1, a.shape[-1])  # (..., C) -> (N, C)
-    if b is None:
-        return rows.sum(axis=0)
-    return xp_of(a).einsum("nc,nc->c", rows, b.reshape(rows.shape))  # (N, C) -> (C,)
+    return xp_of(a).ones(rows.shape[0], dtype=a.dtype) @ rows  # (N,) @ (N, C) -> (C,)
 
 
 class LayerNorm(Function):
@@ -76,17 +75,24 @@ class LayerNorm(Function):
     def backward(ctx, grad_out):
         xhat, rstd, weight = ctx.saved
         n = xhat.shape[-1]
-        g = grad_out * weight if weight is not None else grad_out.copy()  # ours to overwrite
-        # r (g - mean(g) - xhat mean(g xhat)), built in g's buffer; the two means fold into
-        # per-row constants first, so the whole row update is two broadcast passes
-        shift = sum_last(g) / n
-        slope = dot_last(g, xhat) / n
+        if weight is None:
+            g = grad_out.copy()  # ours to overwrite
+            shift = sum_last(g) / n  # mean(g), (..., 1)
+            slope = dot_last(g, xhat) / n  # mean(g xhat)
+        else:
+            # with g = grad_out w, both means are products with the vector w, which the BLAS
+            # does in one pass; grad_out xhat is needed for dL/dw anyway
+            grad_xhat = grad_out * xhat
+            shift = (grad_out @ weight)[..., None] / n  # mean(g): (..., C) @ (C,) -> (..., 1)
+            slope = (grad_xhat @ weight)[..., None] / n  # mean(g xhat)
+            g = grad_out * weight
+        # r (g - mean(g) - xhat mean(g xhat)), built in g's buffer
         g -= shift
         g -= xhat * slope
         g *= rstd
         grads = [g]
         if weight is not None:
-            grads.append(_sum_rows(grad_out, xhat))  # (..., C) -> (C,)
+            grads.append(_sum_rows(grad_xhat))  # (..., C) -> (C,)
         if ctx.has_bias:
             grads.append(_sum_rows(grad_out))
         return tuple(grads)
@@ -117,7 +123,7 @@ class RMSNorm(Function):
         grad_x *= -rstd  # r (g - xhat mean(g xhat)), built in place in one buffer
         if weight is None:
             return grad_x
-        return grad_x, _sum_rows(grad_out, xhat)  # (..., C) -> (C,)
+        return grad_x, _sum_rows(grad_out * xhat)  # (..., C) -> (C,)
 
 
 def _check_affine(op: str, x: Tensor, **params: Tensor | None) -> None:

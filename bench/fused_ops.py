@@ -13,13 +13,21 @@ importing torch in the same process slows Python's garbage collector for minigra
 Torch gets one thread by default, as NumPy's elementwise ops use one: the ratios then compare
 the two per core. The default clock is the process's CPU time, which a busy shared machine
 disturbs far less than wall time; ``--clock wall`` measures wall time instead.
+
+Both processes first call minigrad.backend.reuse_freed_memory(), as decoder.train does, so
+that freed arrays' pages are reused rather than returned to the OS and faulted in again.
+Without it (``--malloc default``) glibc's choice depends on what the process freed before,
+and some rows, LayerNorm's for one, spend more time in page faults than in arithmetic; the
+table's last column counts them.
 Usage: python bench/fused_ops.py [--reps 15] [--inner 20] [--clock cpu|wall] [--torch-threads 1]
+       [--malloc reuse|default]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -49,18 +57,25 @@ def make_inputs(shape: tuple[int, int], seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def time_it(step: Callable[[], None], reps: int, inner: int, clock: str) -> float:
-    """Median seconds per call of ``step`` over ``reps`` repetitions of ``inner`` calls."""
+def page_faults() -> int:
+    """Minor page faults of this process so far (fresh pages the kernel had to hand out)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_it(step: Callable[[], None], reps: int, inner: int, clock: str) -> tuple[float, float]:
+    """Median seconds per call of ``step`` over ``reps`` repetitions of ``inner`` calls, and
+    the page faults per call."""
     now = CLOCKS[clock]
     for _ in range(3):  # warm caches and allocators
         step()
     times = []
+    faults = page_faults()
     for _ in range(reps):
         start = now()
         for _ in range(inner):
             step()
         times.append((now() - start) / inner)
-    return float(np.median(times))
+    return float(np.median(times)), (page_faults() - faults) / (reps * inner)
 
 
 # ---- minigrad: fused and composite -------------------------------------------------------------
@@ -168,14 +183,14 @@ def torch_worker(reps: int, inner: int, clock: str, threads: int) -> None:
     results = {"threads": torch.get_num_threads()}
     for shape in SHAPES:
         for op, step in torch_steps(shape).items():
-            results[f"{op}|{shape}"] = time_it(step, reps, inner, clock)
+            results[f"{op}|{shape}"] = time_it(step, reps, inner, clock)[0]
     print(json.dumps(results))
 
 
 def run_torch(args: argparse.Namespace) -> dict | None:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--torch-worker"]
     cmd += ["--reps", str(args.reps), "--inner", str(args.inner), "--clock", args.clock]
-    cmd += ["--torch-threads", str(args.torch_threads)]
+    cmd += ["--torch-threads", str(args.torch_threads), "--malloc", args.malloc]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"(torch peer skipped: {proc.stderr.strip().splitlines()[-1:]})")
@@ -189,20 +204,30 @@ def main() -> None:
     parser.add_argument("--inner", type=int, default=20, help="calls timed together per rep")
     parser.add_argument("--clock", choices=CLOCKS, default="cpu", help="process CPU or wall time")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument(
+        "--malloc",
+        choices=("reuse", "default"),
+        default="reuse",
+        help="reuse: minigrad.backend.reuse_freed_memory() in both processes; default: glibc's",
+    )
     parser.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+    if args.malloc == "reuse":
+        from minigrad.backend import reuse_freed_memory
+
+        reuse_freed_memory()
     if args.torch_worker:
         torch_worker(args.reps, args.inner, args.clock, args.torch_threads)
         return
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
     rows = []
     for shape in SHAPES:
         steps = minigrad_steps(shape)
         for op in OPS:
-            fused = time_it(steps[(op, "fused")], args.reps, args.inner, args.clock)
-            composite = time_it(steps[(op, "composite")], args.reps, args.inner, args.clock)
-            rows.append((op, shape, fused, composite))
+            fused, faults = time_it(steps[(op, "fused")], args.reps, args.inner, args.clock)
+            composite, _ = time_it(steps[(op, "composite")], args.reps, args.inner, args.clock)
+            rows.append((op, shape, fused, composite, faults))
     linear = minigrad_linear_steps()
     linear_times = [
         time_it(linear[("linear", k)], args.reps, 5, args.clock) for k in ("fused", "composite")
@@ -212,26 +237,27 @@ def main() -> None:
     threads = f", torch threads: {peer['threads']}" if peer else ""
     print(
         f"forward + backward, float32, {args.clock} time, "
-        f"median of {args.reps} x {args.inner} calls{threads}"
+        f"median of {args.reps} x {args.inner} calls{threads}, malloc: {args.malloc}"
     )
     header = f"{'op':<15}{'shape':<12}{'fused us':>10}{'compos. us':>12}{'torch us':>10}"
-    print(header + f"{'fused/comp':>12}{'fused/torch':>13}")
+    print(header + f"{'fused/comp':>12}{'fused/torch':>13}{'faults':>8}")
     misses = []
-    for op, shape, fused, composite in rows:
+    for op, shape, fused, composite, faults in rows:
         torch_s = peer[f"{op}|{shape}"] if peer else float("nan")
         vs_torch = fused / torch_s
         if vs_torch > TARGET_RATIO:
             misses.append(f"{op} {shape}")
         print(
             f"{op:<15}{str(shape):<12}{fused * 1e6:>10.1f}{composite * 1e6:>12.1f}"
-            f"{torch_s * 1e6:>10.1f}{fused / composite:>12.2f}{vs_torch:>13.2f}"
+            f"{torch_s * 1e6:>10.1f}{fused / composite:>12.2f}{vs_torch:>13.2f}{faults:>8.0f}"
         )
     B, T, n_in, n_out = LINEAR_SHAPE
-    fused, composite = linear_times
+    (fused, faults), (composite, _) = linear_times
     print(
         f"{'linear':<15}{f'{B}x{T}x{n_in}':<12}{fused * 1e6:>10.1f}{composite * 1e6:>12.1f}"
-        f"{'':>10}{fused / composite:>12.2f}"
+        f"{'':>10}{fused / composite:>12.2f}{'':>13}{faults:>8.0f}"
     )
+    print("faults: page faults per fused call (fresh pages from the OS)")
     if peer:
         verdict = f"missed by: {', '.join(misses)}" if misses else "met by every op"
         print(f"target fused/torch <= {TARGET_RATIO}: {verdict}")

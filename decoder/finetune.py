@@ -38,6 +38,7 @@ import minigrad as mg
 from decoder.checkpoint import CheckpointError, load_model, save_checkpoint
 from decoder.data import TokenDataset, load_text
 from decoder.train import estimate_loss
+from minigrad.backend import reuse_freed_memory
 from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
 from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr, set_lr
 from minigrad.serialization import atomic_write_text, load_safetensors, save_safetensors
@@ -81,6 +82,7 @@ def finetune(
 
     Returns ``{"val_loss_before", "val_loss_after", "trainable", "wrapped", "out_dir"}``.
     """
+    reuse_freed_memory()  # as decoder.train: keep the pages each step frees
     say = print if progress else (lambda *a, **k: None)
     model, tokenizer, base = load_model(checkpoint, device=device)
     train_cfg = base.train_config

@@ -58,6 +58,7 @@ from decoder.config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig, bu
 from decoder.data import TokenDataset, load_shakespeare, load_text
 from decoder.model import Decoder
 from decoder.tokenizer import get_tokenizer
+from minigrad.backend import reuse_freed_memory
 from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr, param_groups_for_decay, set_lr
 
 LOG, PLOT = "log.jsonl", "loss.png"
@@ -243,6 +244,7 @@ def train(
             f"warmup_iters={train_cfg.warmup_iters} is longer than lr_decay_iters="
             f"{train_cfg.lr_decay_iters} (which defaults to max_iters): lower --warmup_iters too"
         )
+    reuse_freed_memory()  # each step frees and reallocates the same arrays: keep the pages
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     say = print if progress else (lambda *a, **k: None)

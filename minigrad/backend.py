@@ -124,3 +124,39 @@ def scatter_add(target: Any, index: Any, values: Any) -> None:
         import cupyx
 
         cupyx.scatter_add(target, index, values)
+
+
+# glibc's mallopt parameters (malloc.h) and the values we set
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 32 * 2**20  # glibc's largest on 64-bit machines
+_TRIM_THRESHOLD = 256 * 2**20
+
+
+def reuse_freed_memory() -> bool:
+    """Ask the C allocator to keep freed memory for the next array instead of handing it back
+    to the operating system. True if it took effect (Linux with glibc), False elsewhere.
+
+    A training step allocates and frees the same few hundred arrays over and over. glibc
+    returns large freed blocks to the OS (as mmap chunks, or by trimming the top of the heap)
+    and the next allocation gets fresh pages, each a page fault the kernel must zero: about a
+    microsecond per 4 kB, which is more than the arithmetic on them. Keeping the memory makes
+    ``decoder.train`` about 10% faster and a LayerNorm forward and backward on (768, 128) twice
+    as fast (bench/fused_ops.py counts the faults). PyTorch users get the same effect by
+    preloading jemalloc or tcmalloc. The cost is that the process keeps up to 256 MB of freed
+    memory for reuse. It changes the whole process, so the library never calls it on import:
+    the training, fine-tuning and benchmark scripts do.
+    """
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+    except (OSError, AttributeError):  # no mallopt: not glibc
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    # setting either turns off glibc's own adjustment of both
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    )

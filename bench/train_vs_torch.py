@@ -40,6 +40,9 @@ from decoder.config import build_configs  # noqa: E402
 from decoder.data import TokenDataset, load_shakespeare, load_text  # noqa: E402
 from decoder.tokenizer import CharTokenizer  # noqa: E402
 
+TARGET_VAL_LOSS = 1.89  # shakespeare-char, 2000 steps: nanoGPT's code measured 1.886
+TARGET_RATIO = 0.5  # our tokens/s over PyTorch's, on the CPU
+
 
 def configs(args: argparse.Namespace):
     warmup = build_configs(args.preset)[1].warmup_iters
@@ -181,6 +184,16 @@ def main() -> int:
         n = min(5, len(ours))
         gaps.append(max(abs(a - b) for a, b in zip(ours[:n], ref[:n], strict=True)))
     print(f"largest loss difference over the first {n} steps: {max(gaps):.2e}")
+    if args.device == "cpu":
+        ratio = speed["ours"] / speed["torch"]
+        verdicts = [
+            f"throughput ratio >= {TARGET_RATIO}: {'met' if ratio >= TARGET_RATIO else 'missed'}"
+        ]
+        if (args.preset, args.iters) == ("shakespeare-char", 2000):
+            which = "median val loss" if len(seeds) > 1 else "val loss"
+            met = val["ours"] <= TARGET_VAL_LOSS
+            verdicts.append(f"{which} <= {TARGET_VAL_LOSS}: {'met' if met else 'missed'}")
+        print("targets: " + "; ".join(verdicts))
     return 0
 
 

@@ -55,7 +55,8 @@ def exp_shifted(x: Any) -> tuple[Any, Any, Any]:
       values are then as exact as exp itself, with no rounding in a subtraction;
     - a row whose sum is below sqrt(tiny) (1e-19 in float32: all its logits are below about
       -43) would lose precision, so that row alone is redone with its own max as the shift;
-    - larger logits, inf or nan anywhere, CuPy arrays (where the row max is cheap and this
+      in every other row each probability is exact to 1e-26 or better (float32);
+    - larger logits, +inf or nan anywhere, CuPy arrays (where the row max is cheap and this
       branch would make the GPU wait for the CPU) and empty arrays take the textbook path.
     ``m`` is a number, or a column (..., 1) when some rows were shifted. Log-softmax and the
     cross-entropy do not use this: they subtract the log of the sum from the logits, and that

@@ -31,8 +31,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import numpy as np
+from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
@@ -123,10 +122,6 @@ def train_both(args: argparse.Namespace, seed: int) -> dict:
         results[side] = json.loads(Path(path).read_text())
         os.unlink(path)
     return results
-
-
-def median(values: list[float]) -> float:
-    return float(np.median(values))
 
 
 def main() -> int:

@@ -138,7 +138,7 @@ class CausalSelfAttention(Module):
     ):
         super().__init__()
         n_kv_head = n_head if n_kv_head is None else n_kv_head
-        _check_config(n_embd, n_head, n_kv_head, pos, impl)
+        check_attention(n_embd, n_head, n_kv_head, pos, impl)
         hs = n_embd // n_head
         self.n_embd, self.n_head, self.n_kv_head, self.head_size = n_embd, n_head, n_kv_head, hs
         self.pos, self.block_size, self.impl = pos, block_size, impl
@@ -205,8 +205,14 @@ class CausalSelfAttention(Module):
         )
 
 
-def _check_config(n_embd: int, n_head: int, n_kv_head: int, pos: str, impl: str) -> None:
-    """Raise a ValueError naming the first invalid setting of CausalSelfAttention."""
+def check_attention(n_embd: int, n_head: int, n_kv_head: int, pos: str, impl: str) -> None:
+    """Raise a ValueError naming the first invalid setting of CausalSelfAttention: the one
+    copy of these rules, which ModelConfig.validate also calls.
+
+    >>> check_attention(16, n_head=4, n_kv_head=3, pos="rope", impl="auto")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: n_head (4) must be a multiple of n_kv_head (3): each key/value head serves ...
+    """
     if n_head < 1 or n_kv_head < 1:
         raise ValueError(f"n_head ({n_head}) and n_kv_head ({n_kv_head}) must be at least 1")
     if n_embd % n_head:

@@ -10,13 +10,19 @@ Left out on purpose: YAML/TOML config files (a preset plus overrides covers our 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
+
+from decoder.attention import check_attention
+from minigrad.backend import DEVICES
 
 FFNS = ("gelu", "swiglu")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
-POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+DTYPES = ("float32", "float64")
+TOKENIZERS = ("char", "bpe", "gpt2")
 
 
 @dataclass
@@ -32,7 +38,7 @@ class ModelConfig:
     norm: str = "layer"  # "layer": LayerNorm (GPT-2); "rms": RMSNorm (Llama)
     norm_position: str = "pre"  # "pre": norm inside the residual branch (GPT-2 and later)
     parallel_block: bool = False  # attention and FFN side by side, as in PaLM and Falcon
-    pos: str = "learned"  # one of POSITIONS
+    pos: str = "learned"  # one of decoder.positional.POSITIONS
     rope_theta: float = 10000.0  # RoPE's base wavelength (the RoFormer paper's value)
     dropout: float = 0.0  # on attention weights, residual branches and embeddings
     bias: bool = False  # biases in Linear and LayerNorm; nanoGPT finds them unnecessary
@@ -50,33 +56,11 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise a ValueError naming the first invalid field or combination."""
+        _check_fields(self)
         _choice("ffn", self.ffn, FFNS)
         _choice("norm", self.norm, NORMS)
         _choice("norm_position", self.norm_position, NORM_POSITIONS)
-        _choice("pos", self.pos, POSITIONS)
-        _choice("attn_impl", self.attn_impl, ("naive", "flash", "auto"))
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise ValueError(
-                    f"ModelConfig.{name} must be at least 1, got {getattr(self, name)}"
-                )
-        if self.n_embd % self.n_head:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
-                f"each head gets n_embd / n_head dimensions"
-            )
-        if self.n_head % self.n_kv_head:
-            raise ValueError(
-                f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head}): "
-                f"each key/value head serves an equal group of query heads"
-            )
-        if self.pos == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(
-                f"pos='rope' rotates pairs of dimensions, so the head size "
-                f"({self.n_embd // self.n_head}) must be even"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_attention(self.n_embd, self.n_head, self.n_kv_head, self.pos, self.attn_impl)
         if self.parallel_block and self.norm_position == "post":
             raise ValueError("parallel_block=True needs norm_position='pre' (PaLM's layout)")
 
@@ -111,16 +95,15 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.lr_decay_iters is None:
             self.lr_decay_iters = self.max_iters
-        _choice("device", self.device, ("cpu", "cuda"))
-        _choice("dtype", self.dtype, ("float32", "float64"))
-        _choice("tokenizer", self.tokenizer, ("char", "bpe", "gpt2"))
-        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(
-                    f"TrainConfig.{name} must be at least 1, got {getattr(self, name)}"
-                )
-        if self.warmup_iters < 0 or self.min_lr > self.lr:
-            raise ValueError("need warmup_iters >= 0 and min_lr <= lr")
+        _check_fields(self)
+        _choice("device", self.device, DEVICES)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("tokenizer", self.tokenizer, TOKENIZERS)
+        if self.min_lr > self.lr:
+            raise ValueError(
+                f"TrainConfig.min_lr={self.min_lr} is above lr={self.lr}: the cosine decay "
+                f"ends at min_lr, so it must be in [0, lr]"
+            )
 
 
 @dataclass
@@ -180,6 +163,59 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 DEFAULT_PRESET = "shakespeare-char"
+
+
+# The allowed range of every numeric field, as (low, high, low_inclusive, high_inclusive);
+# fields of type int must also be whole numbers, and every value must be finite.
+AT_LEAST_1 = (1, math.inf, True, False)
+AT_LEAST_0 = (0, math.inf, True, False)
+POSITIVE = (0, math.inf, False, False)
+FRACTION = (0, 1, True, False)  # [0, 1): dropout, Adam's betas
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    **dict.fromkeys(("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head"), AT_LEAST_1),
+    **dict.fromkeys(("n_embd", "ffn_hidden", "batch_size", "max_iters"), AT_LEAST_1),
+    **dict.fromkeys(("lr_decay_iters", "eval_interval", "eval_iters", "log_interval"), AT_LEAST_1),
+    **dict.fromkeys(("lr", "min_lr", "warmup_iters", "weight_decay"), AT_LEAST_0),
+    **dict.fromkeys(("grad_clip", "sample_tokens"), AT_LEAST_0),
+    "rope_theta": POSITIVE,
+    **dict.fromkeys(("dropout", "beta1", "beta2"), FRACTION),
+    "seed": (0, 2**63, True, False),  # NumPy's generators take non-negative seeds
+    "bpe_vocab_size": (256, math.inf, True, False),  # the 256 byte tokens come first
+}
+
+
+def _check_fields(config: Any) -> None:
+    """Raise a ValueError naming the first field of ``config`` whose value has the wrong type
+    or lies outside its range in RANGES (NaN and infinities included).
+
+    >>> TrainConfig(grad_clip=float("nan"))
+    Traceback (most recent call last):
+    ValueError: TrainConfig.grad_clip must be a finite float in [0, inf), got nan
+    """
+    owner = type(config).__name__
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        kind = f.type.split("|")[0].strip()  # "int | None" fields are resolved by now
+        wrong_type = {
+            "int": not isinstance(value, numbers.Integral) or isinstance(value, bool),
+            "float": not isinstance(value, numbers.Real) or isinstance(value, bool),
+            "bool": not isinstance(value, bool),
+            "str": not isinstance(value, str),
+        }[kind]
+        if wrong_type:
+            raise ValueError(f"{owner}.{f.name} must be of type {kind}, got {value!r}")
+        if f.name not in RANGES:
+            continue
+        low, high, low_in, high_in = RANGES[f.name]
+        inside = (low <= value if low_in else low < value) and (
+            value <= high if high_in else value < high
+        )
+        if not (math.isfinite(value) and inside):
+            left, right = "[" if low_in else "(", "]" if high_in else ")"
+            raise ValueError(
+                f"{owner}.{f.name} must be a finite {kind} in {left}{low}, {high}{right}, "
+                f"got {value!r}"
+            )
 
 
 def _choice(name: str, value: Any, choices: tuple) -> None:

@@ -123,6 +123,11 @@ def rope_tables(
         raise ValueError(
             f"RoPE rotates pairs of dimensions: head_size must be even, got {head_size}"
         )
+    if not (math.isfinite(theta) and theta > 0):
+        raise ValueError(
+            f"RoPE's theta is the base of its wavelengths: it must be a finite number > 0 "
+            f"(10000 in RoFormer and Llama), got {theta}"
+        )
     freqs = theta ** (-np.arange(0, head_size, 2) / head_size)  # (hs/2,) one per pair
     angles = np.arange(block_size)[:, None] * freqs  # (block_size, hs/2)
     angles = np.concatenate([angles, angles], axis=1)  # (block_size, hs/2) -> (block_size, hs)

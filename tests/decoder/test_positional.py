@@ -6,7 +6,6 @@ import pytest
 
 import minigrad as mg
 from decoder.positional import (
-    POSITIONS,
     LearnedPositions,
     RoPE,
     SinusoidalPositions,
@@ -152,9 +151,3 @@ def test_alibi_bias_is_aligned_to_the_end():
     np.testing.assert_array_equal(alibi_bias(2, 4), alibi_bias(2, 4, 4))
     with pytest.raises(ValueError, match="S >= T"):
         alibi_bias(2, T=4, S=3)
-
-
-def test_positions_agree_with_the_config():
-    from decoder.config import POSITIONS as CONFIG_POSITIONS
-
-    assert POSITIONS == CONFIG_POSITIONS

@@ -424,7 +424,9 @@ def where(cond, x, y) -> Tensor:
     """``x`` where ``cond`` is True, else ``y``; all three broadcast together."""
     like = x if isinstance(x, Tensor) else y if isinstance(y, Tensor) else None
     x, y = _as_tensor(x, like), _as_tensor(y, like)
-    cond = cond if isinstance(cond, Tensor) else Tensor._from_op(xp_of(x.data).asarray(cond), False)
+    # subtle: the namespace is like's: x may be a lifted Python number, whose xp_of is NumPy
+    xp = xp_of(like.data) if like is not None else np
+    cond = cond if isinstance(cond, Tensor) else Tensor._from_op(xp.asarray(cond), False)
     if cond.dtype != bool:
         raise TypeError(f"where: the condition must be boolean, got dtype {cond.dtype}")
     return E.Where.apply(cond, x, y)

@@ -244,7 +244,7 @@ class Where(Function):
     @staticmethod
     def forward(ctx, cond, x, y):
         ctx.save_for_backward(cond)
-        return xp_of(x).where(cond, x, y)
+        return xp_of(cond).where(cond, x, y)  # cond is an array; x or y may be a number
 
     @staticmethod
     def backward(ctx, grad_out):

@@ -16,7 +16,6 @@ import pytest
 import minigrad as mg
 
 CUDA = mg.cuda_available()
-needs_gpu = pytest.mark.skipif(not CUDA, reason="needs cupy and an NVIDIA GPU")
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
 # GPU transcendental functions and reduction orders differ from NumPy's in the last bits.
@@ -118,8 +117,8 @@ def _run(fn, arrays, upstream, device):
     return out.numpy(), [mg.Tensor(x.grad).numpy() for x in xs]
 
 
-@needs_gpu
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda")
 @pytest.mark.parametrize("fn, specs", CASES)
 def test_op_on_cuda_equals_cpu(fn, specs, rng):
     arrays = [make_array(rng, s) for s in specs]
@@ -137,16 +136,16 @@ def _upstream(fn, arrays, rng):
     return rng.standard_normal(shape)
 
 
-@needs_gpu
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda")
 def test_repeated_index_gradient_adds_on_cuda():
     x = mg.zeros(4, dtype=np.float64, requires_grad=True, device="cuda")
     x[[0, 0, 2, 0]].backward(mg.tensor([1.0, 2.0, 3.0, 4.0], dtype=np.float64, device="cuda"))
     assert mg.Tensor(x.grad).tolist() == [7.0, 0.0, 3.0, 0.0]
 
 
-@needs_gpu
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda")
 def test_moves_between_devices_carry_the_gradient():
     x = mg.tensor([1.0, 2.0], dtype=np.float64, requires_grad=True)  # on the CPU
     y = (x.to("cuda") * 3).exp().to("cpu")
@@ -160,8 +159,8 @@ def test_moves_between_devices_carry_the_gradient():
     assert mg.Tensor(w.grad).device == "cuda" and mg.Tensor(w.grad).tolist() == [4.0, 5.0]
 
 
-@needs_gpu
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda")
 def test_cuda_tensors_behave_like_cpu_ones():
     mg.manual_seed(3)
     a = mg.randn(5)
@@ -173,8 +172,8 @@ def test_cuda_tensors_behave_like_cpu_ones():
     assert mg.tensor([1.0], device="cuda:0").device == "cuda"
 
 
-@needs_gpu
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda")
 @pytest.mark.parametrize(
     "fn",
     [
@@ -192,14 +191,21 @@ def test_mixing_devices_raises(fn):
         fn(cpu, gpu)
 
 
-@needs_gpu
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda")
 def test_out_of_range_indices_raise_on_cuda():
     x = mg.randn(5, device="cuda")
     with pytest.raises(IndexError, match="index 7 is out of (range|bounds)"):
         x[np.array([0, 7])]
     with pytest.raises(IndexError, match="out of range for axis 1 of size 4"):
         mg.take_along_axis(mg.randn(3, 4, device="cuda"), mg.tensor([[4]], device="cuda"), axis=1)
+
+
+@pytest.fixture
+def cuda(request):
+    """The GPU where CuPy sees one; elsewhere the CuPy stand-in (tests/support/fake_cupy.py)."""
+    if not CUDA:
+        request.getfixturevalue("fake_cupy")
 
 
 # ---- without CuPy: a clear error, not an ImportError deep inside ------------------------------

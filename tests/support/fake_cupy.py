@@ -1,0 +1,391 @@
+"""A strict stand-in for the parts of CuPy that minigrad uses, backed by NumPy: tests only.
+
+The ``fake_cupy`` fixture in tests/conftest.py loads this file as ``cupy`` (and the
+``cupyx`` modules it builds as ``cupyx``), for one test, so that the project's CuPy code
+path (``backend.py``, every ``xp`` branch, ``cupyx`` special functions, device moves in
+checkpoints, generation and LoRA) runs on a machine without a GPU. Outside that fixture
+nothing can import it as ``cupy``: this folder is never on ``sys.path``.
+
+Where it matters, it behaves as CuPy does (``cupy/_core/core.pyx``):
+- ``ndarray`` is its own type; nothing converts it to NumPy implicitly: ``np.asarray(x)``
+  raises TypeError with CuPy's message, and so does any NumPy function or ufunc given one
+  (CuPy would dispatch some of those to itself; the stand-in refuses them all, so the
+  project asks the array's own namespace, ``xp_of(x)``, as it must for the ones CuPy lacks).
+- A CuPy function or operator given a NumPy array raises TypeError ("Unsupported type"),
+  except where CuPy copies host data in: ``asarray``/``array``/``ascontiguousarray``,
+  indices, and the value of an item assignment.
+- ``.get()`` and ``asnumpy`` are the explicit ways to the host; ``item``, ``tolist``,
+  ``float``/``int``/``bool``, ``repr`` and boolean-mask indexing (CuPy counts the mask on the
+  host to size its result) are the implicit ones. Each counts one device-to-host transfer in
+  ``device_to_host``, so a test can see an op that quietly synchronises with the host.
+- ``RawModule`` and ``RawKernel`` run the CUDA sources on the CPU through
+  ``minigrad.kernels.emulator`` where that exists.
+
+Left out on purpose: streams, memory pools, and every CuPy function the project does not
+call (asking for one raises AttributeError naming it: add it here if CuPy has it).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import types
+from typing import Any
+
+import numpy as np
+
+device_to_host = 0  # transfers so far: explicit (get, asnumpy) and implicit (item, float, ...)
+
+_HOST_ERROR = (
+    "Implicit conversion to a NumPy array is not allowed. "
+    "Please use `.get()` to construct a NumPy array explicitly."
+)
+
+
+def _to_host(a: np.ndarray) -> np.ndarray:
+    """Count one device-to-host transfer of ``a``."""
+    global device_to_host
+    device_to_host += 1
+    return a
+
+
+def _dev(x: Any) -> Any:
+    """The NumPy array behind a device array; NumPy arrays refused, as CuPy refuses them."""
+    if isinstance(x, ndarray):
+        return x._a
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"Unsupported type {type(x)}")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_dev(v) for v in x)
+    return x  # Python and NumPy scalars, dtypes, None, slices
+
+
+def _host_in(x: Any) -> Any:
+    """As ``_dev``, but NumPy arrays and lists are copied in (indices, assigned values)."""
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if isinstance(x, tuple):
+        return tuple(_host_in(v) for v in x)
+    return _dev(x)
+
+
+def _wrap(r: Any) -> Any:
+    """Results as device arrays: NumPy scalars become 0-d arrays, as CuPy's reductions give."""
+    if isinstance(r, (np.ndarray, np.generic)):
+        return ndarray._of(np.asarray(r))
+    if isinstance(r, tuple):
+        return tuple(_wrap(v) for v in r)
+    if isinstance(r, list):
+        return [_wrap(v) for v in r]
+    return r
+
+
+class ndarray:  # noqa: N801 (CuPy's name)
+    """A device array: a NumPy array that the host can reach only through ``get()``."""
+
+    __slots__ = ("_a",)
+    __hash__ = None
+
+    def __init__(self, shape: Any, dtype: Any = float) -> None:
+        self._a = np.empty(shape, dtype=dtype)
+
+    @classmethod
+    def _of(cls, a: np.ndarray) -> ndarray:
+        x = object.__new__(cls)
+        x._a = a
+        return x
+
+    # ---- what NumPy sees -----------------------------------------------------------------------
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise TypeError(_HOST_ERROR)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        # subtle: `np.float32(2) * x` reaches here as np.multiply(scalar, x); CuPy computes it
+        # on the device, so the operator forms with NumPy scalars are let through.
+        scalars_only = all(isinstance(v, (ndarray, np.generic, int, float)) for v in inputs)
+        if method == "__call__" and not kwargs and scalars_only and ufunc.__name__ in _OPERATORS:
+            return _wrap(ufunc(*[_dev(v) for v in inputs]))
+        raise TypeError(
+            f"numpy.{ufunc.__name__}{'' if method == '__call__' else '.' + method} was given a "
+            f"cupy array: NumPy cannot compute on device memory; call it from the array's own "
+            f"namespace (minigrad.backend.xp_of(x)), or move the data with .get()"
+        )
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        raise TypeError(
+            f"numpy.{func.__name__} was given a cupy array: NumPy cannot compute on device "
+            f"memory; call it from the array's own namespace (minigrad.backend.xp_of(x)), or "
+            f"move the data with .get()"
+        )
+
+    # ---- the ways to the host ------------------------------------------------------------------
+    def get(self) -> np.ndarray:
+        return _to_host(self._a).copy()
+
+    def item(self) -> Any:
+        return _to_host(self._a).item()
+
+    def tolist(self) -> Any:
+        return _to_host(self._a).tolist()
+
+    def __float__(self) -> float:
+        return float(_to_host(self._a))
+
+    def __int__(self) -> int:
+        return int(_to_host(self._a))
+
+    def __index__(self) -> int:
+        return operator.index(_to_host(self._a))
+
+    def __bool__(self) -> bool:
+        return bool(_to_host(self._a))
+
+    def __repr__(self) -> str:
+        return repr(_to_host(self._a)).replace("array", "cupy.array", 1)
+
+    __str__ = __repr__
+
+    # ---- attributes, indexing and methods --------------------------------------------------------
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    itemsize = property(lambda self: self._a.itemsize)
+    nbytes = property(lambda self: self._a.nbytes)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: ndarray._of(self._a.T))
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __iter__(self):
+        return (ndarray._of(np.asarray(row)) for row in self._a)
+
+    def __getitem__(self, index: Any) -> Any:
+        index = _host_in(index)
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(p, np.ndarray) and p.dtype == bool for p in parts):
+            _to_host(self._a)  # CuPy counts the mask's True entries on the host
+        return _wrap(self._a[index])
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._a[_host_in(index)] = _host_in(value)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _METHODS:
+            raise AttributeError(f"the CuPy stand-in has no ndarray.{name}; add it if CuPy has it")
+        method = getattr(self._a, name)
+        return lambda *args, **kwargs: _wrap(method(*_dev(args), **_dev_kwargs(kwargs)))
+
+
+def _dev_kwargs(kwargs: dict) -> dict:
+    return {k: _dev(v) for k, v in kwargs.items()}
+
+
+_METHODS = frozenset(
+    "all any argmax argmin argsort astype clip copy cumsum diagonal dot fill flatten max mean "
+    "min prod ravel repeat reshape round sort squeeze std sum swapaxes take transpose var "
+    "view".split()
+)
+# ufuncs behind Python's operators: the ones a NumPy scalar on the left sends to __array_ufunc__
+_OPERATORS = frozenset(
+    "add subtract multiply true_divide divide floor_divide remainder power matmul "
+    "bitwise_and bitwise_or bitwise_xor left_shift right_shift equal not_equal less less_equal "
+    "greater greater_equal".split()
+)
+
+
+def _unary(fn: Any) -> Any:
+    return lambda self: _wrap(fn(self._a))
+
+
+def _binary(fn: Any) -> Any:
+    return lambda self, other: _wrap(fn(self._a, _dev(other)))
+
+
+def _reflected(fn: Any) -> Any:
+    return lambda self, other: _wrap(fn(_dev(other), self._a))
+
+
+def _inplace(fn: Any) -> Any:
+    def op(self: ndarray, other: Any) -> ndarray:
+        self._a = fn(self._a, _dev(other))  # operator.iadd & co. write into the array itself
+        return self
+
+    return op
+
+
+for _name in "add sub mul truediv floordiv mod pow matmul and or xor lshift rshift".split():
+    _fn = getattr(operator, _name + "_" if _name in ("and", "or") else _name)
+    setattr(ndarray, f"__{_name}__", _binary(_fn))
+    setattr(ndarray, f"__r{_name}__", _reflected(_fn))
+    setattr(ndarray, f"__i{_name}__", _inplace(getattr(operator, f"i{_name}")))
+for _name in "eq ne lt le gt ge".split():
+    setattr(ndarray, f"__{_name}__", _binary(getattr(operator, _name)))
+for _name in "neg pos abs invert".split():
+    setattr(ndarray, f"__{_name}__", _unary(getattr(operator, _name)))
+
+
+# ---- the cupy namespace ----------------------------------------------------------------------
+def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
+    """Device data as is (or cast); host data copied to the device."""
+    if isinstance(a, ndarray):
+        return a if dtype is None or a.dtype == dtype else a.astype(dtype)
+    return ndarray._of(np.array(_dev(a) if isinstance(a, (list, tuple)) else a, dtype=dtype))
+
+
+def array(a: Any, dtype: Any = None, copy: bool = True) -> ndarray:
+    return ndarray._of(np.array(a._a if isinstance(a, ndarray) else a, dtype=dtype, copy=copy))
+
+
+def ascontiguousarray(a: Any, dtype: Any = None) -> ndarray:
+    return ndarray._of(np.ascontiguousarray(asarray(a)._a, dtype=dtype))
+
+
+def asnumpy(a: Any) -> np.ndarray:
+    return a.get() if isinstance(a, ndarray) else np.asarray(a)
+
+
+def get_array_module(*args: Any) -> types.ModuleType:
+    import sys
+
+    return sys.modules[__name__] if any(isinstance(a, ndarray) for a in args) else np
+
+
+def _device_function(fn: Any) -> Any:
+    def on_device(*args: Any, **kwargs: Any) -> Any:
+        return _wrap(fn(*_dev(args), **_dev_kwargs(kwargs)))
+
+    on_device.__name__ = fn.__name__
+    return on_device
+
+
+# NumPy functions CuPy has, run on the arrays behind the device arrays
+_FUNCTIONS = (
+    "abs absolute add all any arange argmax argmin argsort broadcast_to clip concatenate cos "
+    "cumsum divide dot einsum empty empty_like equal exp expand_dims expm1 eye flip full "
+    "full_like greater greater_equal isclose isfinite isinf isnan less less_equal linspace log "
+    "log1p logaddexp logical_and logical_not logical_or matmul max maximum mean min minimum "
+    "moveaxis multiply negative not_equal ones ones_like outer power prod ravel repeat reshape "
+    "sign sin sort split sqrt square squeeze stack std subtract sum swapaxes take "
+    "take_along_axis tanh tensordot tile transpose tril triu true_divide var where zeros "
+    "zeros_like"
+).split()
+for _name in _FUNCTIONS:
+    globals()[_name] = _device_function(getattr(np, _name))
+
+# dtypes and constants are NumPy's own, as in CuPy
+for _name in (
+    "bool_ int8 int16 int32 int64 uint8 uint16 uint32 uint64 intp float16 float32 float64 "
+    "dtype finfo iinfo result_type promote_types can_cast issubdtype integer floating "
+    "newaxis inf nan pi e"
+).split():
+    globals()[_name] = getattr(np, _name)
+
+
+def __getattr__(name: str) -> Any:
+    raise AttributeError(f"the CuPy stand-in has no cupy.{name}; add it if CuPy has it")
+
+
+# ---- random, cuda, kernels -------------------------------------------------------------------
+class _RandomState:
+    """cupy.random.RandomState: its own stream (CuPy's is not NumPy's either)."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def random_sample(self, size: Any = None, dtype: Any = float) -> ndarray:
+        return ndarray._of(np.asarray(self._rng.random(size, dtype=dtype)))
+
+    def standard_normal(self, size: Any = None, dtype: Any = float) -> ndarray:
+        return ndarray._of(np.asarray(self._rng.standard_normal(size, dtype=dtype)))
+
+
+random = types.SimpleNamespace(RandomState=_RandomState)
+
+# the GPU the stand-in pretends to be: an sm_90 (H100) with 227 KB of opt-in shared memory
+DEVICE_ATTRIBUTES = {
+    "MaxSharedMemoryPerBlock": 48 * 1024,
+    "MaxSharedMemoryPerBlockOptin": 227 * 1024,
+    "MaxThreadsPerBlock": 1024,
+    "ComputeCapabilityMajor": 9,
+    "ComputeCapabilityMinor": 0,
+}
+
+
+class _Device:
+    def __init__(self, device_id: int = 0) -> None:
+        self.id = device_id
+        self.attributes = dict(DEVICE_ATTRIBUTES)
+        self.compute_capability = "90"
+
+    def synchronize(self) -> None:
+        pass
+
+
+cuda = types.SimpleNamespace(
+    runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
+    Device=_Device,
+)
+
+
+class RawKernel:
+    """cupy.RawKernel on the CPU: the emulator, given the arrays behind the device arrays."""
+
+    def __init__(self, code: str, name: str, options: tuple = (), **kwargs: Any) -> None:
+        try:
+            from minigrad.kernels.emulator import RawKernel as Emulated
+        except ImportError as e:
+            raise NotImplementedError(
+                "the CuPy stand-in runs kernels through minigrad.kernels.emulator, which is "
+                "not there"
+            ) from e
+        self._kernel = Emulated(code, name, options=options, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kernel, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_kernel":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._kernel, name, value)
+
+    def __call__(self, grid: tuple, block: tuple, args: tuple, **kwargs: Any) -> None:
+        self._kernel(grid, block, tuple(_dev(a) for a in args), **kwargs)
+
+
+class RawModule:
+    """cupy.RawModule: a source whose kernels are fetched by name."""
+
+    def __init__(self, code: str, options: tuple = (), **kwargs: Any) -> None:
+        self.code, self.options = code, options
+
+    def get_function(self, name: str) -> RawKernel:
+        return RawKernel(self.code, name, options=self.options)
+
+
+# ---- cupyx: scatter_add and the special functions ----------------------------------------------
+def _scatter_add(a: ndarray, slices: Any, value: Any) -> None:
+    np.add.at(a._a, _host_in(slices), _dev(value))
+
+
+def _elementwise(fn: Any) -> Any:
+    def special(x: ndarray) -> ndarray:
+        a = _dev(x)
+        out = np.vectorize(fn, otypes=[np.float64])(a)
+        return ndarray._of(out.astype(a.dtype if a.dtype.kind == "f" else np.float64))
+
+    special.__name__ = fn.__name__
+    return special
+
+
+_special = types.ModuleType("cupyx.scipy.special")
+_special.erf, _special.erfc = _elementwise(math.erf), _elementwise(math.erfc)
+_scipy = types.ModuleType("cupyx.scipy")
+_scipy.special = _special
+_cupyx = types.ModuleType("cupyx")
+_cupyx.scipy, _cupyx.scatter_add = _scipy, _scatter_add
+# what the fixture puts in sys.modules beside this module itself
+MODULES = {"cupyx": _cupyx, "cupyx.scipy": _scipy, "cupyx.scipy.special": _special}

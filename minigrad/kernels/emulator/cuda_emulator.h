@@ -1,0 +1,372 @@
+// cuda_emulator.h: enough of CUDA for the host C++ compiler to build our .cu sources unchanged
+// and run them on the CPU, one real std::thread per CUDA thread.
+//
+// Holds: the qualifiers (__global__, __device__, __forceinline__, __shared__ ...), dim3 and the
+// built-in variables threadIdx / blockIdx / blockDim / gridDim as thread-local state,
+// __syncthreads as a barrier over the threads of the block, the warp shuffles
+// (__shfl_sync, __shfl_xor_sync, __shfl_up_sync, __shfl_down_sync) exchanged among the 32
+// lanes of a warp, __int_as_float / __float_as_int, min / max and the float math functions,
+// and emu::launch, which runs a grid block after block.
+//
+// What a GPU enforces, this enforces too, and says so (emu::Error, reported to Python): more
+// than 1024 threads per block, more dynamic shared memory than the launch allows, a
+// __syncthreads that some threads of the block never reach (they returned, or wait at another
+// __syncthreads), a shuffle that names a lane which has returned or does not exist. Shared
+// memory starts each block filled with NaN, not zeros, so a read before a write shows up in
+// the results. The debug build (-fsanitize=address) poisons the bytes past the launch's
+// dynamic shared memory, so an out-of-bounds shared index stops with AddressSanitizer's report.
+//
+// Leaves out on purpose: speed (this checks the algorithm, not the timing), static __shared__
+// arrays (the Python builder refuses them: only `extern __shared__` is emulated), atomics,
+// warp votes, partial shuffle masks, cooperative groups, streams. Blocks run one after
+// another (a legal schedule: CUDA promises no order between blocks), which is also why one
+// buffer serves as every block's shared memory.
+//
+// Follows the CUDA C++ Programming Guide: "Built-in Variables", "Synchronization Functions"
+// and "Warp Shuffle Functions".
+#pragma once
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <math.h>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#ifdef EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+// Only `extern __shared__ T name[];` is emulated: the declaration then names a global buffer
+// that the Python builder defines (see emulator.py), and blocks run one at a time.
+#define __shared__
+
+struct dim3 {
+    unsigned int x = 1, y = 1, z = 1;
+    constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1)
+        : x(x_), y(y_), z(z_) {}
+};
+using uint3 = dim3;
+
+// The built-in variables: each emulated thread sets its own copy before it runs the kernel.
+inline thread_local uint3 threadIdx, blockIdx;
+inline thread_local dim3 blockDim, gridDim;
+constexpr int warpSize = 32;
+
+// CUDA's integer min and max are plain functions (not std::min, which wants equal types).
+template <class A, class B>
+__forceinline__ auto min(A a, B b) -> std::common_type_t<A, B> {
+    return b < a ? b : a;
+}
+template <class A, class B>
+__forceinline__ auto max(A a, B b) -> std::common_type_t<A, B> {
+    return a < b ? b : a;
+}
+
+__forceinline__ float __int_as_float(int x) { return std::bit_cast<float>(x); }
+__forceinline__ int __float_as_int(float x) { return std::bit_cast<int>(x); }
+
+namespace emu {
+
+constexpr int kWarp = 32;
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+// How long a barrier waits before it calls the block deadlocked. Generous: between two
+// barriers a thread does at most a few tiles of arithmetic, milliseconds even on a busy CPU.
+constexpr std::chrono::seconds kPatience{60};
+
+// A violation of CUDA's rules, found while a block runs; the launch reports its message.
+struct Error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Thrown into the threads still waiting when another thread of the block has failed, so the
+// whole block unwinds; never reported itself.
+struct Abort {};
+
+// A barrier for a fixed set of threads that notices the ones that will never arrive.
+// `arrive` blocks until every live participant has arrived at the same call site. A thread
+// that returns from the kernel calls `leave`: if others are waiting, or wait later, the
+// barrier fails with an Error that names the call site, instead of hanging as a GPU would.
+class Barrier {
+   public:
+    explicit Barrier(int n) : live_(n) {}
+
+    void arrive(const char* what, int line) {
+        std::unique_lock lock(mutex_);
+        check_failed();
+        if (left_ > 0) fail(lock, missing(what, line));
+        if (waiting_ == 0) {
+            line_ = line;
+        } else if (line != line_) {
+            fail(lock, std::string(what) + " on line " + std::to_string(line) +
+                           " and on line " + std::to_string(line_) +
+                           " wait at the same time: threads of one block took different "
+                           "branches around a " + what);
+        }
+        if (++waiting_ == live_) {
+            waiting_ = 0;
+            ++generation_;
+            cv_.notify_all();
+            return;
+        }
+        const unsigned long generation = generation_;
+        if (!cv_.wait_for(lock, kPatience, [&] { return generation_ != generation || failed_; }))
+            fail(lock, std::string(what) + " on line " + std::to_string(line) + " waited " +
+                           std::to_string(kPatience.count()) + " s for " +
+                           std::to_string(live_ - waiting_) + " threads that are stuck "
+                           "elsewhere (at a shuffle or a __syncthreads some threads skip)");
+        check_failed();
+    }
+
+    void leave(const char* what) {
+        std::unique_lock lock(mutex_);
+        --live_;
+        ++left_;
+        if (waiting_ > 0 && !failed_) fail(lock, missing(what, line_));
+    }
+
+    // Wake every waiter with Abort: another thread of the block has failed.
+    void abort() {
+        std::lock_guard lock(mutex_);
+        failed_ = true;
+        cv_.notify_all();
+    }
+
+   private:
+    std::string missing(const char* what, int line) const {
+        return std::string(what) + " on line " + std::to_string(line) + " is reached by " +
+               std::to_string(waiting_) + " threads while " + std::to_string(left_) +
+               " returned without reaching it: every thread of the block (of the warp, for a "
+               "shuffle) must reach it, so keep it out of code that some threads skip";
+    }
+    [[noreturn]] void fail(std::unique_lock<std::mutex>& lock, const std::string& message) {
+        failed_ = true;
+        cv_.notify_all();
+        lock.unlock();
+        throw Error(message);
+    }
+    void check_failed() const {
+        if (failed_) throw Abort{};
+    }
+
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    int live_;
+    int left_ = 0;
+    int waiting_ = 0;
+    int line_ = 0;
+    unsigned long generation_ = 0;
+    bool failed_ = false;
+};
+
+// One warp: a barrier over its lanes and two exchange slots per lane. Shuffles alternate
+// between the two slot sets, so one barrier per shuffle suffices: a lane can only write a
+// set again after passing the next barrier, which every lane reaches after its read.
+struct Warp {
+    explicit Warp(int lanes) : lanes(lanes), barrier(lanes) {}
+    int lanes;
+    Barrier barrier;
+    uint64_t slots[2][kWarp] = {};
+};
+
+// What the threads of the running block share.
+struct Block {
+    Block(int n_threads) : barrier(n_threads) {
+        for (int first = 0; first < n_threads; first += kWarp)
+            warps.emplace_back(std::make_unique<Warp>(std::min(kWarp, n_threads - first)));
+    }
+    void abort() {
+        barrier.abort();
+        for (auto& warp : warps) warp->barrier.abort();
+    }
+    Barrier barrier;
+    std::vector<std::unique_ptr<Warp>> warps;
+    std::mutex error_mutex;
+    std::string error;  // the first Error of the block, if any
+};
+
+inline thread_local Block* current_block = nullptr;
+inline thread_local int current_parity = 0;  // which slot set this thread's next shuffle uses
+
+inline int linear_thread() {
+    return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+
+inline void syncthreads(int line) { current_block->barrier.arrive("__syncthreads", line); }
+
+// Every lane posts its value, waits for the warp, then reads lane `src`'s value.
+template <class T>
+T shuffle(unsigned mask, T value, int src_lane, int line) {
+    static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>);
+    const int tid = linear_thread();
+    Warp& warp = *current_block->warps[tid / kWarp];
+    const int lane = tid % kWarp;
+    if (mask != 0xffffffffu)
+        throw Error("shuffle on line " + std::to_string(line) + " with mask " +
+                    std::to_string(mask) + ": the emulator supports full-warp masks only");
+    if (src_lane < 0 || src_lane >= kWarp) src_lane = lane;  // out of range: own value
+    if (src_lane >= warp.lanes)
+        throw Error("shuffle on line " + std::to_string(line) + " reads lane " +
+                    std::to_string(src_lane) + ", but this warp has only " +
+                    std::to_string(warp.lanes) + " threads (the block size is not a multiple of 32)");
+    const int parity = current_parity;
+    current_parity ^= 1;
+    std::memcpy(&warp.slots[parity][lane], &value, sizeof(T));
+    warp.barrier.arrive("shuffle", line);
+    T out;
+    std::memcpy(&out, &warp.slots[parity][src_lane], sizeof(T));
+    return out;
+}
+
+// Run block `block_index` of the grid: one std::thread per CUDA thread. Returns the first
+// Error any of them met, or an empty string.
+inline std::string run_block(const std::function<void()>& body, dim3 grid, dim3 block,
+                             uint3 block_index) {
+    const int n = (int)(block.x * block.y * block.z);
+    Block state(n);
+    std::vector<std::thread> threads;
+    threads.reserve(n);
+    for (int tid = 0; tid < n; ++tid) {
+        threads.emplace_back([&, tid] {
+            threadIdx = uint3(tid % block.x, tid / block.x % block.y, tid / (block.x * block.y));
+            blockIdx = block_index;
+            blockDim = block;
+            gridDim = grid;
+            current_block = &state;
+            current_parity = 0;
+            std::string error;
+            try {
+                body();
+                state.barrier.leave("__syncthreads");
+                state.warps[tid / kWarp]->barrier.leave("shuffle");
+                return;
+            } catch (const Error& e) {
+                error = e.what();
+            } catch (const Abort&) {
+                return;
+            } catch (const std::exception& e) {
+                error = std::string("the kernel threw: ") + e.what();
+            }
+            {
+                std::lock_guard lock(state.error_mutex);
+                if (state.error.empty()) state.error = error;
+            }
+            state.abort();
+        });
+    }
+    for (auto& thread : threads) thread.join();
+    return state.error;
+}
+
+// One kernel argument from cudaLaunchKernel-style `void** args`: args[i] points at the value.
+template <class T>
+T arg(void** args, std::size_t i) {
+    T value;
+    std::memcpy(&value, args[i], sizeof(T));
+    return value;
+}
+
+// A letter per parameter type, which Python checks the arguments against: f float, d double,
+// i / I 32-bit signed / unsigned, q / Q 64-bit, ? anything else; '*' before it for a pointer.
+template <class T>
+constexpr char type_code() {
+    using U = std::remove_cv_t<T>;
+    if constexpr (std::is_same_v<U, float>) return 'f';
+    else if constexpr (std::is_same_v<U, double>) return 'd';
+    else if constexpr (std::is_integral_v<U> && sizeof(U) == 4) return std::is_signed_v<U> ? 'i' : 'I';
+    else if constexpr (std::is_integral_v<U> && sizeof(U) == 8) return std::is_signed_v<U> ? 'q' : 'Q';
+    else return '?';
+}
+
+template <class T>
+std::string param_code() {
+    if constexpr (std::is_pointer_v<T>) return "*" + std::string(1, type_code<std::remove_pointer_t<T>>());
+    else return std::string(1, type_code<T>());
+}
+
+template <class... Args>
+const char* signature(void (*)(Args...)) {
+    static const std::string codes = (std::string() + ... + param_code<Args>());
+    return codes.c_str();
+}
+
+inline std::mutex launch_mutex;  // one launch at a time: every block uses the same buffer
+inline thread_local std::string last_error;
+
+// Launch `kernel` on grid x block with `shared_bytes` of dynamic shared memory at `shared`
+// (capacity `shared_capacity`). Returns 0, or 1 with the message in last_error.
+template <class... Args>
+int launch(void (*kernel)(Args...), const char* name, const unsigned* grid3,
+           const unsigned* block3, std::size_t shared_bytes, void* shared,
+           std::size_t shared_capacity, void** args) {
+    const dim3 grid(grid3[0], grid3[1], grid3[2]), block(block3[0], block3[1], block3[2]);
+    const std::string where = std::string(name) + ": ";
+    try {
+        const unsigned long long threads = 1ull * block.x * block.y * block.z;
+        if (threads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0)
+            throw Error("grid and block dimensions must be at least 1");
+        if (threads > kMaxThreadsPerBlock)
+            throw Error("a block of " + std::to_string(threads) + " threads exceeds the " +
+                        std::to_string(kMaxThreadsPerBlock) + " threads a block may have");
+        if (block.z > 64 || grid.y > 65535 || grid.z > 65535)
+            throw Error("block.z must be <= 64 and grid.y, grid.z <= 65535");
+        if (shared_bytes > shared_capacity)
+            throw Error("the emulator's shared memory buffer holds " +
+                        std::to_string(shared_capacity) + " bytes; asked for " +
+                        std::to_string(shared_bytes));
+        std::lock_guard lock(launch_mutex);
+        auto call = [&]<std::size_t... I>(std::index_sequence<I...>) {
+            kernel(arg<Args>(args, I)...);
+        };
+        const std::function<void()> body = [&] { call(std::index_sequence_for<Args...>{}); };
+#ifdef EMU_ASAN
+        ASAN_UNPOISON_MEMORY_REGION(shared, shared_capacity);
+        ASAN_POISON_MEMORY_REGION((char*)shared + shared_bytes, shared_capacity - shared_bytes);
+#endif
+        for (unsigned z = 0; z < grid.z; ++z)
+            for (unsigned y = 0; y < grid.y; ++y)
+                for (unsigned x = 0; x < grid.x; ++x) {
+                    // Garbage, as on a GPU: NaN makes a read before a write visible.
+                    std::memset(shared, 0xff, shared_bytes);
+                    std::string error = run_block(body, grid, block, uint3(x, y, z));
+                    if (!error.empty())
+                        throw Error("block (" + std::to_string(x) + ", " + std::to_string(y) +
+                                    ", " + std::to_string(z) + "): " + error);
+                }
+        return 0;
+    } catch (const Error& e) {
+        last_error = where + e.what();
+        return 1;
+    }
+}
+
+}  // namespace emu
+
+// __LINE__ names the call site in errors and tells apart barriers that threads reach apart.
+#define __syncthreads() ::emu::syncthreads(__LINE__)
+#define __shfl_sync(mask, v, src, ...) ::emu::shuffle((mask), (v), (src) & 31, __LINE__)
+#define __shfl_xor_sync(mask, v, lane_mask, ...) \
+    ::emu::shuffle((mask), (v), ::emu::linear_thread() % 32 ^ (lane_mask), __LINE__)
+#define __shfl_down_sync(mask, v, delta, ...) \
+    ::emu::shuffle((mask), (v), ::emu::linear_thread() % 32 + (delta), __LINE__)
+#define __shfl_up_sync(mask, v, delta, ...) \
+    ::emu::shuffle((mask), (v), ::emu::linear_thread() % 32 - (int)(delta), __LINE__)

@@ -43,8 +43,15 @@ from decoder.positional import LearnedPositions, SinusoidalPositions
 from minigrad import functional as F
 from minigrad.autograd import no_grad
 from minigrad.backend import to_numpy
-from minigrad.nn import Dropout, Embedding, Linear, Module, ModuleList
-from minigrad.nn.layers import INIT_STD, normal_parameter
+from minigrad.nn import (
+    INIT_STD,
+    Dropout,
+    Embedding,
+    Linear,
+    Module,
+    ModuleList,
+    normal_parameter,
+)
 from minigrad.tensor import Tensor
 
 

@@ -24,8 +24,7 @@ import math
 
 import numpy as np
 
-from minigrad.nn import Module
-from minigrad.nn.layers import INIT_STD, normal_parameter
+from minigrad.nn import INIT_STD, Module, normal_parameter
 from minigrad.tensor import Tensor, concatenate
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")

@@ -3,7 +3,9 @@ hand-derived backward, plus the attention entry point.
 
 One concept per file: softmax.py (softmax, log_softmax), loss.py (cross_entropy),
 activations.py (gelu, silu), norms.py (layer_norm, rms_norm), dropout.py, linear.py
-(linear, embedding), attention.py (scaled_dot_product_attention).
+(linear, embedding), attention.py (scaled_dot_product_attention). Their shared pieces:
+rows.py (row sums and the shifted exponentials along the last axis), inputs.py (the index
+and dtype checks) and erf.py (erf and erfc, for the exact GELU).
 """
 
 from minigrad.functional.activations import gelu, silu

@@ -33,7 +33,8 @@ import numpy as np
 
 from minigrad.autograd import Context, Function
 from minigrad.backend import to_numpy, xp_of
-from minigrad.functional.dropout import dropout
+from minigrad.functional.dropout import check_p, dropout
+from minigrad.functional.inputs import check_floating
 from minigrad.functional.softmax import softmax
 from minigrad.kernels.flash_attention import flash_attention_backward, flash_attention_forward
 from minigrad.tensor import Tensor
@@ -161,7 +162,7 @@ def naive_attention(
     vg = v.reshape(B, n_kv, 1, S, hs)  # (B, n_kv, S, hs) -> (B, n_kv, 1, S, hs)
     # Scaling q (T x hs numbers) instead of the scores (T x S) is the same math, one T x S
     # temporary fewer.
-    scores = (qg * (1.0 / math.sqrt(hs))) @ kg.swapaxes(-1, -2)  # -> (B, n_kv, g, T, S)
+    scores = (qg * score_scale(hs)) @ kg.swapaxes(-1, -2)  # -> (B, n_kv, g, T, S)
     offset = S - T  # queries are the last T of the S positions
     i_abs = (offset + xp.arange(T))[:, None]  # (T, 1) absolute position of each query
     j = xp.arange(S)[None, :]  # (1, S) position of each key
@@ -212,13 +213,14 @@ class FlashAttention(Function):
         block_k: int | None = None,
     ) -> Any:
         use_kernel = xp_of(q) is not np and kernel_supports(q, k)
+        ctx.scale = score_scale(q.shape[-1])
         blocks = {name: b for name, b in (("block_q", block_q), ("block_k", block_k)) if b}
         if use_kernel:
             from minigrad.kernels.flash_attention_cuda import flash_attention_forward_cuda
 
-            o, lse = flash_attention_forward_cuda(q, k, v, causal, alibi_slopes, None)
+            o, lse = flash_attention_forward_cuda(q, k, v, causal, alibi_slopes, ctx.scale)
         else:
-            o, lse = flash_attention_forward(q, k, v, causal, alibi_slopes, None, **blocks)
+            o, lse = flash_attention_forward(q, k, v, causal, alibi_slopes, ctx.scale, **blocks)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.alibi_slopes, ctx.blocks = causal, alibi_slopes, blocks
         ctx.backend = "cuda" if use_kernel else "twin"
@@ -231,20 +233,28 @@ class FlashAttention(Function):
             from minigrad.kernels.flash_attention_cuda import flash_attention_backward_cuda
 
             return flash_attention_backward_cuda(
-                q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, None
+                q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, ctx.scale
             )
         return flash_attention_backward(
-            q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, None, **ctx.blocks
+            q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, ctx.scale, **ctx.blocks
         )
+
+
+def score_scale(hs: int) -> float:
+    """The scores' scale 1 / sqrt(hs); 1 for hs = 0, where every score is an empty sum, 0.
+
+    >>> score_scale(16), score_scale(0)
+    (0.25, 1.0)
+    """
+    return 1.0 / math.sqrt(hs) if hs else 1.0
 
 
 def _check_inputs(q: Any, k: Any, v: Any, causal: bool, dropout_p: float, impl: str) -> None:
     """Raise a ValueError (or TypeError) naming the first problem with the arguments."""
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}: use one of {IMPLS}")
+    check_floating("attention", q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"attention: {name} must be a Tensor, got {type(t).__name__}")
         if t.ndim != 4:
             raise ValueError(
                 f"attention: {name} must have 4 dims, (B, heads, seq, hs), got shape {t.shape}: "
@@ -268,8 +278,7 @@ def _check_inputs(q: Any, k: Any, v: Any, causal: bool, dropout_p: float, impl: 
             f"attention: causal attention needs at least as many keys as queries (S >= T), got "
             f"T={T} queries and S={S} keys; the queries are the last T positions of the keys"
         )
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
+    check_p(dropout_p, "attention", "dropout_p")
 
 
 def _as_slopes(alibi_slopes: Any, q: Tensor) -> Any:

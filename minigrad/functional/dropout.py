@@ -21,6 +21,7 @@ import numpy as np
 from minigrad import creation
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
+from minigrad.functional.inputs import check_floating
 from minigrad.tensor import Tensor
 
 
@@ -42,6 +43,21 @@ class Dropout(Function):
         return grad_out * mask
 
 
+def check_p(p: float, op: str = "dropout", name: str = "p") -> None:
+    """Raise unless ``p`` is a probability to drop, in [0, 1] (NaN is none), as PyTorch's.
+
+    >>> check_p(1.0)
+    >>> check_p(1.5, "Dropout")
+    Traceback (most recent call last):
+    ...
+    ValueError: Dropout: p must be in [0, 1], got 1.5 (the probability to drop an element)
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(
+            f"{op}: {name} must be in [0, 1], got {p} (the probability to drop an element)"
+        )
+
+
 def keep_mask(shape: tuple[int, ...], p: float, rng: np.random.Generator, like: Any) -> Any:
     """A boolean array of ``shape`` on ``like``'s device, each element True with probability 1 - p.
 
@@ -60,17 +76,22 @@ def dropout(
     x: Tensor, p: float, training: bool = True, rng: np.random.Generator | None = None
 ) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by 1 / (1 - p) (training);
-    return ``x`` itself when not training or when p == 0.
+    return ``x`` itself when not training or when p == 0. At p == 1 every element is dropped:
+    the result is x * 0, zeros (NaN where x is inf or NaN), as in PyTorch.
 
     >>> import minigrad as mg
     >>> y = dropout(mg.ones(2, 4), 0.5, rng=np.random.default_rng(0))
     >>> y.tolist()
     [[2.0, 2.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout: p must be in [0, 1), got {p} (p is the probability to drop)")
-    if not training or p == 0.0:
+    check_p(p)
+    if not training:
         return x
+    check_floating("dropout", x=x)
+    if p == 0.0:
+        return x
+    if p == 1.0:  # subtle: 1 / (1 - p) is inf here, and 0 * inf would be nan
+        return Dropout.apply(x, mask=xp_of(x.data).zeros(x.shape, dtype=x.dtype))
     rng = rng if rng is not None else creation.default_rng()
     mask = keep_mask(x.shape, p, rng, x.data)
     scale = x.dtype.type(1.0 / (1.0 - p))  # in x's dtype, so a float32 x stays float32

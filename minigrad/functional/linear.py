@@ -20,27 +20,9 @@ from typing import Any
 
 from minigrad.autograd import Function
 from minigrad.backend import scatter_add, xp_of
+from minigrad.functional.inputs import as_index_array
+from minigrad.functional.rows import as_rows
 from minigrad.tensor import Tensor
-
-
-def as_index_array(values: Any, like: Any, op: str, what: str) -> Any:
-    """Integer indices given as a Tensor, an array or a list, as an array on ``like``'s device.
-
-    >>> import numpy as np
-    >>> as_index_array([[1, 2]], np.zeros(3), "embedding", "ids").shape
-    (1, 2)
-    >>> as_index_array([0.5], np.zeros(3), "embedding", "ids")
-    Traceback (most recent call last):
-    ...
-    TypeError: embedding: ids must be integers, got dtype float64: cast them with .long()
-    """
-    data = values.data if isinstance(values, Tensor) else values
-    data = xp_of(like).asarray(data)
-    if data.dtype.kind not in "iu":
-        raise TypeError(
-            f"{op}: {what} must be integers, got dtype {data.dtype}: cast them with .long()"
-        )
-    return data
 
 
 class Linear(Function):
@@ -54,8 +36,8 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, *bias):
-        n_out, n_in = weight.shape
-        rows = x.reshape(-1, n_in)  # (..., in) -> (N, in): one matrix product, not a batch of them
+        n_out = weight.shape[0]
+        rows = as_rows(x)  # (..., in) -> (N, in): one matrix product, not a batch of them
         y = rows @ weight.T  # (N, in) @ (in, out) -> (N, out)
         if bias:
             y += bias[0]
@@ -65,11 +47,10 @@ class Linear(Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved
-        n_out, n_in = weight.shape
         need_x, need_w, *need_b = ctx.needs_input_grad
-        g = grad_out.reshape(-1, n_out)  # (..., out) -> (N, out)
+        g = as_rows(grad_out)  # (..., out) -> (N, out)
         grad_x = (g @ weight).reshape(x.shape) if need_x else None  # (N, out) @ (out, in)
-        grad_w = g.T @ x.reshape(-1, n_in) if need_w else None  # (out, N) @ (N, in)
+        grad_w = g.T @ as_rows(x) if need_w else None  # (out, N) @ (N, in)
         if not need_b:  # called without a bias
             return grad_x, grad_w
         return grad_x, grad_w, (g.sum(axis=0) if need_b[0] else None)  # (N, out) -> (out,)
@@ -116,7 +97,7 @@ class Embedding(Function):
         (ids,) = ctx.saved
         grad_w = xp_of(grad_out).zeros(ctx.shape, dtype=grad_out.dtype)
         # (..., C) -> (N, C) rows, added into the rows their ids name
-        scatter_add(grad_w, ids.reshape(-1), grad_out.reshape(-1, ctx.shape[1]))
+        scatter_add(grad_w, ids.reshape(-1), as_rows(grad_out))
         return grad_w
 
 

@@ -15,14 +15,15 @@ a language model produces them (torch wants (B, V, T)).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
-from minigrad.functional.linear import as_index_array
-from minigrad.functional.softmax import sum_last
+from minigrad.functional.inputs import as_index_array, check_floating
+from minigrad.functional.rows import as_rows, sum_last
 from minigrad.tensor import Tensor
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -41,8 +42,7 @@ class CrossEntropy(Function):
     @staticmethod
     def forward(ctx, logits, targets=None, keep=None, reduction="mean"):
         xp = xp_of(logits)
-        n_classes = logits.shape[-1]
-        x = logits.reshape(-1, n_classes)  # (..., V) -> (N, V)
+        x = as_rows(logits)  # (..., V) -> (N, V)
         rows = xp.arange(x.shape[0])
         # subtle: ignored rows point at class 0, so indexing is safe; their weight 0 drops them
         cols = xp.where(keep, targets, 0).reshape(-1)  # (...) -> (N,)
@@ -79,11 +79,12 @@ class CrossEntropy(Function):
 def cross_entropy(
     logits: Tensor, targets: Any, ignore_index: int = -100, reduction: str = "mean"
 ) -> Tensor:
-    """Cross-entropy of ``logits`` (N, V) or (B, T, V) against integer ``targets`` (N,) or (B, T).
+    """Cross-entropy of ``logits`` (..., V), e.g. (N, V) or (B, T, V), against integer
+    ``targets`` of the leading shape: (N,), (B, T), or () for one row (V,).
 
     ``targets`` may be a Tensor, an array or a list; entries equal to ``ignore_index`` are
-    skipped. ``reduction`` is "mean" (over the kept targets), "sum" or "none" (one loss per
-    target, 0 where ignored, in the targets' shape).
+    skipped. ``reduction`` is "mean" (over the kept targets; nan when there are none, as in
+    torch), "sum" or "none" (one loss per target, 0 where ignored, in the targets' shape).
 
     >>> import minigrad as mg
     >>> logits = mg.tensor([[0.0, 0.0], [0.0, 0.0]])
@@ -94,8 +95,9 @@ def cross_entropy(
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    check_floating("cross_entropy", logits=logits)
     targets = as_index_array(targets, logits.data, "cross_entropy", "targets")
-    if logits.ndim < 2 or logits.shape[:-1] != targets.shape:
+    if logits.ndim == 0 or logits.shape[:-1] != targets.shape:
         raise ValueError(
             f"cross_entropy: logits of shape {logits.shape} and targets of shape "
             f"{targets.shape} do not fit: logits must be (..., V) and targets the leading "
@@ -110,4 +112,11 @@ def cross_entropy(
             f"cross_entropy: target {bad} is out of range for V={n_classes} classes: targets "
             f"must be in [0, {n_classes}) or equal to ignore_index={ignore_index}"
         )
+    if n_classes == 0:
+        # no classes, so every target is ignored (checked above) and no row has a loss term;
+        # the row sums of nothing are those zeros, in the targets' shape and on the graph
+        zeros = logits.sum(axis=-1)  # (..., 0) -> (...)
+        if reduction == "none":
+            return zeros
+        return zeros.sum() * (math.nan if reduction == "mean" else 1.0)  # mean: 0 / 0 rows
     return CrossEntropy.apply(logits, targets=targets, keep=keep, reduction=reduction)

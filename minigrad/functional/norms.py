@@ -17,7 +17,8 @@ from typing import Any
 
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
-from minigrad.functional.softmax import dot_last, sum_last
+from minigrad.functional.inputs import check_floating
+from minigrad.functional.rows import as_rows, dot_last, sum_last
 from minigrad.tensor import Tensor
 
 
@@ -42,7 +43,7 @@ def _sum_rows(a: Any) -> Any:
     >>> _sum_rows(np.ones((2, 3, 4))).tolist()
     [6.0, 6.0, 6.0, 6.0]
     """
-    rows = a.reshape(-1, a.shape[-1])  # (..., C) -> (N, C)
+    rows = as_rows(a)  # (..., C) -> (N, C)
     return xp_of(a).ones(rows.shape[0], dtype=a.dtype) @ rows  # (N,) @ (N, C) -> (C,)
 
 
@@ -82,9 +83,9 @@ class LayerNorm(Function):
         else:
             # with g = grad_out w, both means are products with the vector w, which the BLAS
             # does in one pass; grad_out xhat is needed for dL/dw anyway
-            grad_xhat = grad_out * xhat
+            grad_w_rows = grad_out * xhat  # dL/dw row by row, before the sum over rows
             shift = (grad_out @ weight)[..., None] / n  # mean(g): (..., C) @ (C,) -> (..., 1)
-            slope = (grad_xhat @ weight)[..., None] / n  # mean(g xhat)
+            slope = (grad_w_rows @ weight)[..., None] / n  # mean(g xhat)
             g = grad_out * weight
         # r (g - mean(g) - xhat mean(g xhat)), built in g's buffer
         g -= shift
@@ -92,7 +93,7 @@ class LayerNorm(Function):
         g *= rstd
         grads = [g]
         if weight is not None:
-            grads.append(_sum_rows(grad_xhat))  # (..., C) -> (C,)
+            grads.append(_sum_rows(grad_w_rows))  # (..., C) -> (C,)
         if ctx.has_bias:
             grads.append(_sum_rows(grad_out))
         return tuple(grads)
@@ -126,8 +127,15 @@ class RMSNorm(Function):
         return grad_x, _sum_rows(grad_out * xhat)  # (..., C) -> (C,)
 
 
-def _check_affine(op: str, x: Tensor, **params: Tensor | None) -> None:
-    """Raise unless every given weight or bias has shape (C,), C = x.shape[-1]."""
+def _check_inputs(op: str, x: Tensor, **params: Tensor | None) -> None:
+    """Raise unless x has a last axis to normalise, every tensor is floating-point, and every
+    given weight or bias has shape (C,), C = x.shape[-1]."""
+    check_floating(op, x=x, **params)
+    if x.ndim == 0:
+        raise ValueError(
+            f"{op}: x is 0-d, but the norm is taken over its last axis: give x at least one "
+            f"dimension, e.g. x.reshape(1)"
+        )
     for name, p in params.items():
         if p is not None and p.shape != x.shape[-1:]:
             raise ValueError(
@@ -145,7 +153,7 @@ def layer_norm(
     >>> [round(v, 3) for v in layer_norm(mg.tensor([1.0, 2.0, 3.0])).tolist()]
     [-1.225, 0.0, 1.225]
     """
-    _check_affine("layer_norm", x, weight=weight, bias=bias)
+    _check_inputs("layer_norm", x, weight=weight, bias=bias)
     affine = [p for p in (weight, bias) if p is not None]
     return LayerNorm.apply(
         x, *affine, eps=eps, has_weight=weight is not None, has_bias=bias is not None
@@ -159,7 +167,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
     >>> [round(v, 3) for v in rms_norm(mg.tensor([3.0, -4.0])).tolist()]  # rms = sqrt(12.5)
     [0.849, -1.131]
     """
-    _check_affine("rms_norm", x, weight=weight)
+    _check_inputs("rms_norm", x, weight=weight)
     if weight is None:
         return RMSNorm.apply(x, eps=eps, has_weight=False)
     return RMSNorm.apply(x, weight, eps=eps)

@@ -6,12 +6,23 @@
     mlp.named_parameters()          # [("w1.weight", ...), ("w1.bias", ...), ...]
 
 One concept per file: module.py (Module, Parameter, ModuleList, ModuleDict, Sequential),
-layers.py (Linear, Embedding, LayerNorm, RMSNorm, Dropout, GELU, SiLU), feedforward.py
-(MLP, SwiGLU) and lora.py (LoRALinear, LoRAHeadLinear, apply_lora and friends).
+layers.py (Linear, Embedding, LayerNorm, RMSNorm, Dropout, GELU, SiLU, and the GPT-2
+initialisation INIT_STD and normal_parameter, which a model uses to re-initialise weights),
+feedforward.py (MLP, SwiGLU) and lora.py (LoRALinear, LoRAHeadLinear, apply_lora and friends).
 """
 
 from minigrad.nn.feedforward import MLP, SwiGLU
-from minigrad.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear, RMSNorm, SiLU
+from minigrad.nn.layers import (
+    GELU,
+    INIT_STD,
+    Dropout,
+    Embedding,
+    LayerNorm,
+    Linear,
+    RMSNorm,
+    SiLU,
+    normal_parameter,
+)
 from minigrad.nn.lora import (
     LoRAHeadLinear,
     LoRALinear,
@@ -24,6 +35,7 @@ from minigrad.nn.module import LoadResult, Module, ModuleDict, ModuleList, Param
 
 __all__ = [
     "GELU",
+    "INIT_STD",
     "MLP",
     "Dropout",
     "Embedding",
@@ -44,4 +56,5 @@ __all__ = [
     "load_lora_state_dict",
     "lora_state_dict",
     "merge_lora",
+    "normal_parameter",
 ]

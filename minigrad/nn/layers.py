@@ -19,6 +19,8 @@ import numpy as np
 
 from minigrad import creation
 from minigrad import functional as F
+from minigrad.functional.activations import check_approximate
+from minigrad.functional.dropout import check_p
 from minigrad.nn.module import Module, Parameter
 from minigrad.tensor import Tensor
 
@@ -130,8 +132,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.0, rng: np.random.Generator | None = None):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
+        check_p(p, "Dropout")
         self.p = p
         if rng is None:  # a child seed drawn from the global generator (read now, not at import)
             rng = np.random.default_rng(int(creation.default_rng().integers(2**63)))
@@ -151,8 +152,7 @@ class GELU(Module):
 
     def __init__(self, approximate: str = "tanh"):
         super().__init__()
-        if approximate not in ("tanh", "none"):
-            raise ValueError(f"GELU: approximate must be 'tanh' or 'none', got {approximate!r}")
+        check_approximate(approximate, "GELU")
         self.approximate = approximate
 
     def forward(self, x: Tensor) -> Tensor:

@@ -10,8 +10,8 @@ import pytest
 import minigrad as mg
 from minigrad import functional as F
 from minigrad.backend import to_numpy
-from minigrad.functional.activations import erf, erfc
-from minigrad.functional.softmax import exp_shifted
+from minigrad.functional.erf import erf, erfc
+from minigrad.functional.rows import exp_shifted
 
 
 def t64(rng, *shape, scale=1.0):
@@ -428,10 +428,20 @@ def test_dropout_gradient_flows_only_through_kept_elements(rng):
     assert mg.gradcheck(lambda t: F.dropout(t, 0.25, rng=np.random.default_rng(0)), x)
 
 
-@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
+@pytest.mark.parametrize("p", [-0.1, 1.5, math.nan])
 def test_dropout_rejects_p_outside_0_1(p):
-    with pytest.raises(ValueError, match=r"p must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
         F.dropout(mg.ones(3), p)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply")
+def test_dropout_at_p_one_drops_everything():
+    """As torch: x * 0 (so NaN where x is inf or NaN) and a zero gradient; p = 1 was refused."""
+    x = mg.tensor([1.0, -2.0, math.inf, math.nan], dtype="float64", requires_grad=True)
+    y = F.dropout(x, 1.0)
+    np.testing.assert_array_equal(y.numpy(), [0.0, 0.0, math.nan, math.nan])
+    y.backward(np.full(4, 3.0))
+    np.testing.assert_array_equal(x.grad, np.zeros(4))
 
 
 # ---- every op on every device ------------------------------------------------------------------

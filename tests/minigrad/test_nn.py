@@ -157,8 +157,9 @@ def test_dropout_train_and_eval(rng):
     assert 0.45 < (y == 0).mean() < 0.55  # about half dropped
     assert set(np.unique(y)) == {0.0, 2.0}  # survivors scaled by 1 / (1 - p)
     assert drop.eval()(x) is x  # the identity in eval mode
-    with pytest.raises(ValueError, match=r"p must be in \[0, 1\)"):
-        nn.Dropout(1.0)
+    assert (nn.Dropout(1.0)(x).numpy() == 0).all()  # every element dropped, as torch
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
+        nn.Dropout(1.5)
 
 
 def test_dropout_masks_follow_the_global_seed():

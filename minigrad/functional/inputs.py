@@ -1,0 +1,59 @@
+"""Checks of the arguments that several functional ops share: integer indices, float tensors.
+
+Each op calls these at its public boundary, before any array work, so that a wrong dtype gets
+one clear error naming the op, the argument and the fix, instead of NumPy's message from deep
+inside a forward (or, worse, a silently integer result). The rules are PyTorch's: indices
+(embedding ids, cross-entropy targets) must be integers; softmax, the norms, the activations,
+dropout and attention take floating-point tensors only. Left out on purpose: checks that
+belong to one op alone (shapes, ranges), which stay beside that op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minigrad.backend import xp_of
+from minigrad.tensor import Tensor
+
+
+def as_index_array(values: Any, like: Any, op: str, what: str) -> Any:
+    """Integer indices given as a Tensor, an array or a list, as an array on ``like``'s device.
+
+    >>> import numpy as np
+    >>> as_index_array([[1, 2]], np.zeros(3), "embedding", "ids").shape
+    (1, 2)
+    >>> as_index_array([0.5], np.zeros(3), "embedding", "ids")
+    Traceback (most recent call last):
+    ...
+    TypeError: embedding: ids must be integers, got dtype float64: cast them with .long()
+    """
+    data = values.data if isinstance(values, Tensor) else values
+    data = xp_of(like).asarray(data)
+    if data.dtype.kind not in "iu":
+        raise TypeError(
+            f"{op}: {what} must be integers, got dtype {data.dtype}: cast them with .long()"
+        )
+    return data
+
+
+def check_floating(op: str, **tensors: Tensor | None) -> None:
+    """Raise a TypeError unless every given tensor (None: not passed) holds floating-point
+    numbers, as PyTorch's kernels for softmax, the norms and the activations require.
+
+    >>> import minigrad as mg
+    >>> check_floating("gelu", x=mg.tensor([1.0]), bias=None)
+    >>> check_floating("gelu", x=mg.tensor([1, 2]))
+    Traceback (most recent call last):
+    ...
+    TypeError: gelu: x must be a floating-point tensor, got dtype int64: convert it with .float()
+    """
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+        if t.dtype.kind != "f":
+            raise TypeError(
+                f"{op}: {name} must be a floating-point tensor, got dtype {t.dtype}: "
+                f"convert it with .float()"
+            )

@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from decoder.attention import check_attention
-from minigrad.backend import DEVICES
+from minigrad.backend import DEVICES, DeviceUnavailableError, get_xp
 
 FFNS = ("gelu", "swiglu")
 NORMS = ("layer", "rms")
@@ -270,6 +271,28 @@ def build_configs(
         _field(key, model_fields, train_fields)
         (model_kw if key in model_fields else train_kw)[key] = value
     return ModelConfig(**model_kw), TrainConfig(**train_kw)
+
+
+def device_or_cpu(train_cfg: TrainConfig, requested: bool) -> TrainConfig:
+    """``train_cfg`` with a device this machine can run. Where CUDA cannot run, a "cuda" that
+    only a preset (or the resumed run) chose becomes "cpu", with a note on stderr; one the user
+    ``requested`` raises DeviceUnavailableError, whose message says how to install CuPy.
+
+    >>> device_or_cpu(TrainConfig(device="cpu"), requested=True).device
+    'cpu'
+    """
+    try:
+        get_xp(train_cfg.device)  # imports CuPy for "cuda"
+    except DeviceUnavailableError as e:
+        if requested:
+            raise
+        print(
+            f"note: {e} Training on the CPU instead; pass --device=cpu to choose it "
+            "yourself, or --device=cuda to insist on the GPU.",
+            file=sys.stderr,
+        )
+        return dataclasses.replace(train_cfg, device="cpu")
+    return train_cfg
 
 
 def _field(key: str, model_fields: dict, train_fields: dict) -> dataclasses.Field:

@@ -54,7 +54,14 @@ from decoder.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from decoder.config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig, build_configs
+from decoder.config import (
+    DEFAULT_PRESET,
+    PRESETS,
+    ModelConfig,
+    TrainConfig,
+    build_configs,
+    device_or_cpu,
+)
 from decoder.data import TokenDataset, load_shakespeare, load_text
 from decoder.model import Decoder
 from decoder.tokenizer import get_tokenizer
@@ -533,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             data_path = data_path or saved.extra.get("data_path")
         else:
             model_cfg, train_cfg = build_configs(preset, overrides)
+        train_cfg = device_or_cpu(train_cfg, requested="device" in overrides)
         text = load_text(data_path) if data_path else _shakespeare()
         train(model_cfg, train_cfg, text, out_dir, resume=args.resume, data_path=data_path)
     except KeyboardInterrupt:

@@ -22,6 +22,14 @@ DEVICES = ("cpu", "cuda")
 _cupy: ModuleType | None = None
 
 
+class DeviceUnavailableError(RuntimeError, ValueError):
+    """Device "cuda" asked for where it cannot run: CuPy is missing or sees no GPU.
+
+    Also a ValueError, the type the command lines report as a bad setting (a message and
+    exit status 2, no traceback): ``--device cuda`` is a setting this machine cannot honour.
+    """
+
+
 def _import_cupy() -> ModuleType:
     """Import cupy once, turning both "not installed" and "no GPU" into one clear error."""
     global _cupy
@@ -29,16 +37,20 @@ def _import_cupy() -> ModuleType:
         try:
             import cupy
         except ImportError as e:
-            raise RuntimeError(
+            raise DeviceUnavailableError(
                 "device 'cuda' needs CuPy, which is not installed. "
                 "Install the GPU extra: pip install -e '.[gpu]' (needs an NVIDIA GPU and CUDA 12)."
             ) from e
         try:
             n_gpus = cupy.cuda.runtime.getDeviceCount()
         except Exception as e:  # the CUDA runtime raises its own error types
-            raise RuntimeError(f"device 'cuda' asked for, but CuPy cannot reach a GPU: {e}") from e
+            raise DeviceUnavailableError(
+                f"device 'cuda' asked for, but CuPy cannot reach a GPU: {e}"
+            ) from e
         if n_gpus == 0:
-            raise RuntimeError("device 'cuda' asked for, but no NVIDIA GPU is visible to CuPy.")
+            raise DeviceUnavailableError(
+                "device 'cuda' asked for, but no NVIDIA GPU is visible to CuPy."
+            )
         _cupy = cupy
     return _cupy
 
@@ -47,7 +59,7 @@ def cuda_available() -> bool:
     """True when CuPy imports and sees at least one GPU (never raises)."""
     try:
         _import_cupy()
-    except RuntimeError:
+    except DeviceUnavailableError:
         return False
     return True
 

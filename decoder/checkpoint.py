@@ -7,19 +7,25 @@ naming the newest complete one::
     runs/shakespeare-char/
         latest                 "ckpt-000250": the one a reader loads
         ckpt-000250/
-            model.safetensors  the weights (minigrad.serialization)
-            optimizer.npz      the optimiser's arrays (AdamW's moments); absent when merged
-            tokenizer.json     the tokenizer, as tokenizer.to_dict()
-            state.json         configs, step, RNG states, the optimiser's plain values
+            model.safetensors      the weights (minigrad.serialization)
+            optimizer.safetensors  the optimiser's state_dict (save_tree); absent when merged
+            tokenizer.json         the tokenizer, as tokenizer.to_dict()
+            state.json             configs, step, RNG states, what else the writer kept
 
-Atomicity (the choice, and why): a checkpoint is written into a fresh hidden directory, its
-files are flushed to disk, the directory is renamed to its final name, and only then is
-``latest`` replaced with ``os.replace``, the one atomic step. A crash or an error at any
-point before that leaves ``latest`` naming the previous, complete checkpoint; a crash after
-it leaves the new one complete. Writing every file atomically plus a "complete" marker would
-also work, but a reader would then have to check that all files belong to the same step;
-with one pointer there is nothing to check. Older checkpoint directories are removed once
-``latest`` has moved on.
+Every array goes through one serializer, safetensors: no pickle, no ``.npz``. Checkpoints of
+format 1 (before this layout) kept the optimiser in ``optimizer.npz``; their weights still
+load (generate, fine-tune), and resuming them is refused with a message saying so.
+
+Atomicity (the choice, and why): a checkpoint is written into a fresh hidden directory (each
+file flushed to disk by ``minigrad.fileio.atomic_write``), the directory is renamed to its
+final name, and only then is ``latest`` replaced with ``os.replace``, the one atomic step. A
+crash or an error at any point before that leaves ``latest`` naming the previous, complete
+checkpoint; a crash after it leaves the new one complete. Writing every file atomically plus
+a "complete" marker would also work, but a reader would then have to check that all files
+belong to the same step; with one pointer there is nothing to check. Older checkpoint
+directories are removed once ``latest`` has moved on, so a reader that followed the old
+pointer can find its directory gone: ``load_checkpoint`` then reads the pointer again and
+retries (a save during a load is the only way a complete checkpoint changes under a reader).
 
 Left out on purpose: keeping the best or the last few checkpoints (only the newest is kept),
 sharded weights, and checksums (a truncated or mismatched file is caught by the safetensors
@@ -32,8 +38,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,18 +48,22 @@ import numpy as np
 
 from decoder.config import ModelConfig, TrainConfig
 from minigrad.backend import to_numpy
-from minigrad.serialization import atomic_write_text, load_safetensors, save_safetensors
+from minigrad.fileio import atomic_write, fsync_dir
+from minigrad.serialization import load_safetensors, load_tree, save_safetensors, save_tree
 from minigrad.tensor import Tensor
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: the optimiser's arrays in optimizer.npz, its plain values in state.json
 LATEST = "latest"  # the pointer file inside a run directory
 WEIGHTS, OPTIMIZER, TOKENIZER, STATE = (
     "model.safetensors",
-    "optimizer.npz",
+    "optimizer.safetensors",
     "tokenizer.json",
     "state.json",
 )
 _PREFIX, _TMP_PREFIX = "ckpt-", ".tmp-ckpt-"
+CHECKPOINT_FILES = (LATEST, f"{_PREFIX}*", f"{_TMP_PREFIX}*")  # what saving puts in a run dir
+_POINTER_MAX_BYTES = 1024  # a checkpoint's name is short: more is not a pointer
+_READ_ATTEMPTS = 3  # loads that a concurrent save may spoil before the error is believed
 
 
 class CheckpointError(RuntimeError):
@@ -96,34 +106,30 @@ def save_checkpoint(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = written = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=run_dir))
+    # mkdir, not mkdtemp: the directory gets the umask's mode (mkdtemp's is 0o700)
+    tmp = written = run_dir / f"{_TMP_PREFIX}{secrets.token_hex(4)}"
+    tmp.mkdir()
     try:
-        weights = {name: _as_numpy(a) for name, a in model_state.items()}
-        save_safetensors(tmp / WEIGHTS, weights)
-        optimizer_plain = None
+        save_safetensors(tmp / WEIGHTS, {name: _as_numpy(a) for name, a in model_state.items()})
         if optimizer_state is not None:
-            arrays: dict[str, np.ndarray] = {}
-            optimizer_plain = _split_arrays(optimizer_state, arrays, "")
-            with open(tmp / OPTIMIZER, "wb") as f:
-                np.savez(f, **arrays)
+            save_tree(tmp / OPTIMIZER, optimizer_state)
         _write_json(tmp / TOKENIZER, tokenizer)
         state = {
             "format": FORMAT_VERSION,
             "step": step,
             "model_config": dataclasses.asdict(model_config),
             "train_config": dataclasses.asdict(train_config),
-            "optimizer": optimizer_plain,
+            "optimizer": OPTIMIZER if optimizer_state is not None else None,
             "rng": rng or {},
             "extra": extra or {},
         }
         _write_json(tmp / STATE, state)  # written last: a directory without it is incomplete
-        for f in tmp.iterdir():
-            _fsync(f)
         final = _free_name(run_dir, f"{_PREFIX}{step:06d}")
         os.rename(tmp, final)
         written = final
-        _fsync(run_dir)
-        atomic_write_text(run_dir / LATEST, final.name + "\n")  # the one atomic step
+        fsync_dir(run_dir)
+        with atomic_write(run_dir / LATEST, text=True) as f:  # the one atomic step
+            f.write(final.name + "\n")
     except BaseException:  # KeyboardInterrupt too: leave no directory that latest does not name
         shutil.rmtree(written, ignore_errors=True)
         raise
@@ -135,61 +141,9 @@ def _as_numpy(a: Any) -> np.ndarray:
     return to_numpy(a.data if isinstance(a, Tensor) else a)
 
 
-def _split_arrays(obj: Any, arrays: dict[str, np.ndarray], key: str) -> Any:
-    """A copy of a nested dict/list with each array replaced by ``{"__array__": name}``.
-
-    The arrays go into ``arrays`` (for ``np.savez``); what is left is plain JSON.
-
-    >>> arrays = {}
-    >>> _split_arrays({"step": 3, "m": [np.zeros(2)]}, arrays, "")
-    {'step': 3, 'm': [{'__array__': 'm.0'}]}
-    >>> list(arrays)
-    ['m.0']
-    """
-    if isinstance(obj, dict):
-        return {
-            k: _split_arrays(v, arrays, f"{key}.{k}" if key else str(k)) for k, v in obj.items()
-        }
-    if isinstance(obj, (list, tuple)):
-        return [
-            _split_arrays(v, arrays, f"{key}.{i}" if key else str(i)) for i, v in enumerate(obj)
-        ]
-    if isinstance(obj, np.generic):  # NumPy scalars (a step count, a float) become Python's
-        return obj.item()
-    if hasattr(obj, "shape") and hasattr(obj, "dtype"):  # NumPy or CuPy arrays
-        arrays[key] = _as_numpy(obj)
-        return {"__array__": key}
-    return obj
-
-
-def _join_arrays(obj: Any, arrays: Any) -> Any:
-    """The inverse of ``_split_arrays``: put the arrays back in place of their markers."""
-    if isinstance(obj, dict):
-        if set(obj) == {"__array__"}:
-            return arrays[obj["__array__"]]
-        return {k: _join_arrays(v, arrays) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_join_arrays(v, arrays) for v in obj]
-    return obj
-
-
 def _write_json(path: Path, obj: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_write(path, text=True) as f:
         json.dump(obj, f, indent=1)
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file (or a directory's entries) to disk; a no-op where the OS refuses."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # directories cannot be fsync'ed on some systems (Windows)
-        pass
-    finally:
-        os.close(fd)
 
 
 def _free_name(run_dir: Path, name: str) -> Path:
@@ -214,13 +168,18 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such directory (expected a run or checkpoint directory)")
-    if (path / LATEST).is_file():
-        name = (path / LATEST).read_text(encoding="utf-8").strip()
+    name = _latest_name(path)
+    if name is not None:
         target = path / name
-        if not name or not target.is_dir():
+        if not target.is_dir():
             raise CheckpointError(
                 f"{path / LATEST} names {name!r}, which is not a directory in {path}: the run "
                 f"directory was edited by hand or copied in part"
+            )
+        if target.resolve().parent != path.resolve():  # a symbolic link out of the run
+            raise CheckpointError(
+                f"{path / LATEST} names {name!r}, which leads outside {path} (to "
+                f"{target.resolve()}): a run directory's pointer names one of its own checkpoints"
             )
         return target
     if (path / STATE).is_file() or (path / WEIGHTS).is_file():
@@ -231,6 +190,33 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
+def _latest_name(run_dir: Path) -> str | None:
+    """The checkpoint name in ``run_dir/latest``, checked to be a plain name; None if absent.
+
+    The file is read only up to a short length and quoted only in part, so a huge or binary
+    file gives a short error, and a name with a path in it (``../elsewhere``) is refused.
+    """
+    pointer = run_dir / LATEST
+    try:
+        with open(pointer, "rb") as f:
+            raw = f.read(_POINTER_MAX_BYTES + 1)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        name = ""
+    plain = name not in ("", ".", "..") and not any(c in name for c in "/\\\0\n")
+    if len(raw) > _POINTER_MAX_BYTES or not plain:
+        size = os.path.getsize(pointer)
+        raise CheckpointError(
+            f"{pointer}: should hold the name of a checkpoint directory in {run_dir}, but holds "
+            f"{size} bytes starting {raw[:40]!r}: the file was edited or damaged; write the "
+            f"name of one of the run's ckpt-* directories into it"
+        )
+    return name
+
+
 def has_checkpoint(run_dir: str | os.PathLike) -> bool:
     """True when ``run_dir`` holds a checkpoint that ``load_checkpoint`` would try to read."""
     return (Path(run_dir) / LATEST).is_file()
@@ -239,42 +225,70 @@ def has_checkpoint(run_dir: str | os.PathLike) -> bool:
 def load_checkpoint(path: str | os.PathLike, with_optimizer: bool = True) -> Checkpoint:
     """Read a checkpoint (from a run directory or a checkpoint directory).
 
-    Every problem raises CheckpointError naming the file and what is wrong with it.
+    Every problem raises CheckpointError naming the file and what is wrong with it. A load
+    from a run directory that a training run saves into meanwhile retries: the save may have
+    removed the checkpoint the old pointer named while it was being read.
     """
-    ckpt_dir = resolve_checkpoint(path)
-    state = _read_json(ckpt_dir / STATE)
-    if state.get("format") != FORMAT_VERSION:
+    path = Path(path)
+    for attempt in range(1, _READ_ATTEMPTS + 1):
+        before = _latest_name(path) if path.is_dir() else None
+        try:
+            return _read(resolve_checkpoint(path), with_optimizer)
+        except CheckpointError:
+            # the error is believed unless the pointer moved while we read (a save finished)
+            if attempt == _READ_ATTEMPTS or before is None or _latest_name(path) == before:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _read(ckpt_dir: Path, with_optimizer: bool) -> Checkpoint:
+    """The checkpoint in the directory ``ckpt_dir``, every file checked."""
+    state_path = ckpt_dir / STATE
+    state = _read_json(state_path)
+    if not isinstance(state, dict) or state.get("format") not in (1, FORMAT_VERSION):
+        found = state.get("format") if isinstance(state, dict) else state
         raise CheckpointError(
-            f"{ckpt_dir / STATE}: format {state.get('format')!r}, but this code reads format "
-            f"{FORMAT_VERSION}"
+            f"{state_path}: format {found!r}, but this code reads formats 1 and {FORMAT_VERSION}"
         )
     try:
         model_config = ModelConfig(**state["model_config"])
         train_config = TrainConfig(**state["train_config"])
-        step = int(state["step"])
+        step = state["step"]
     except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{ckpt_dir / STATE}: invalid configs or step: {e}") from e
+        raise CheckpointError(f"{state_path}: invalid configs or step: {e}") from e
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(
+            f"{state_path}: step {step!r} is not a count of optimiser steps (an integer >= 0); "
+            f"the file was edited or damaged"
+        )
+    rng, extra = state.get("rng", {}), state.get("extra", {})
+    _check_rng(rng, state_path)
     weights_path = ckpt_dir / WEIGHTS
-    if not weights_path.is_file():
-        raise CheckpointError(f"{weights_path}: missing; the checkpoint is incomplete")
     try:
         weights, _ = load_safetensors(weights_path)
-    except Exception as e:  # the reader's own message says what is corrupt; we add the file
+    except FileNotFoundError:
+        raise CheckpointError(f"{weights_path}: missing; the checkpoint is incomplete") from None
+    except (OSError, ValueError) as e:  # the reader's message says what is corrupt
         raise CheckpointError(f"{weights_path}: cannot be read: {e}") from e
     tokenizer = _read_json(ckpt_dir / TOKENIZER)
     optimizer = None
     if with_optimizer and state.get("optimizer") is not None:
+        if state["format"] == 1:
+            raise CheckpointError(
+                f"{ckpt_dir / 'optimizer.npz'}: the optimiser state of a format-1 checkpoint, "
+                f"kept as .npz, which this version no longer reads (checkpoints are safetensors "
+                f"only). Its weights still load: decoder.generate and decoder.finetune read it. "
+                f"To train further, resume with the version that wrote it, or start a new run"
+            )
         opt_path = ckpt_dir / OPTIMIZER
-        if not opt_path.is_file():
-            raise CheckpointError(f"{opt_path}: missing, although {STATE} lists optimiser state")
         try:
-            with np.load(opt_path, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-            optimizer = _join_arrays(state["optimizer"], arrays)
-        except CheckpointError:
-            raise
-        except Exception as e:  # zipfile, KeyError, ValueError: all mean a damaged file
-            raise CheckpointError(f"{opt_path}: cannot be read ({type(e).__name__}: {e})") from e
+            optimizer = load_tree(opt_path)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"{opt_path}: missing, although {STATE} lists optimiser state"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{opt_path}: cannot be read: {e}") from e
     return Checkpoint(
         path=ckpt_dir,
         step=step,
@@ -283,27 +297,53 @@ def load_checkpoint(path: str | os.PathLike, with_optimizer: bool = True) -> Che
         weights=weights,
         tokenizer=tokenizer,
         optimizer=optimizer,
-        rng=state.get("rng", {}),
-        extra=state.get("extra", {}),
+        rng=rng,
+        extra=extra,
     )
 
 
 def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing; the checkpoint is incomplete")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; the checkpoint is incomplete") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e}); the file is damaged") from e
+
+
+def _check_rng(rng: Any, source: Path) -> None:
+    """Raise CheckpointError unless each saved generator state can be restored.
+
+    >>> _check_rng({"batches": {"bit_generator": "PCG64", "state": "?"}}, Path("s.json"))
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    decoder.checkpoint.CheckpointError: s.json: the state of generator 'batches' is damaged ...
+    """
+    if not isinstance(rng, dict):
+        raise CheckpointError(f"{source}: 'rng' is a {type(rng).__name__}, not generator states")
+    for name, saved in rng.items():
+        try:
+            kind = getattr(np.random, saved["bit_generator"])
+            if not (isinstance(kind, type) and issubclass(kind, np.random.BitGenerator)):
+                raise ValueError(f"{saved['bit_generator']!r} is not a NumPy bit generator")
+            kind().state = saved  # NumPy checks every field as it restores them
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+            raise CheckpointError(
+                f"{source}: the state of generator {name!r} is damaged ({type(e).__name__}: "
+                f"{e}); the weights still load, but an exact resume needs this state"
+            ) from e
 
 
 def check_weights(
     weights: dict[str, np.ndarray], expected: dict[str, Any], source: str | os.PathLike
 ) -> None:
-    """Raise CheckpointError unless ``weights`` has exactly the names and shapes of ``expected``.
+    """Raise CheckpointError unless ``weights`` has exactly the names, shapes and dtypes of
+    ``expected``.
 
     ``expected`` is the state dict of a model built from the checkpoint's config, so a
-    mismatch means the config and the weights were not saved together.
+    mismatch means the config and the weights were not saved together, or that the file was
+    edited: an F32 tensor relabelled I32 has the right length but would load as other numbers.
 
     >>> check_weights({"w": np.zeros((2, 3))}, {"w": np.zeros((3, 2))}, "f")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -326,18 +366,26 @@ def check_weights(
                 f"{source}: {name!r} has shape {tuple(array.shape)}, but the config builds "
                 f"{want}; {hint}"
             )
+        if array.dtype != expected[name].dtype:
+            raise CheckpointError(
+                f"{source}: {name!r} is {array.dtype}, but the model holds "
+                f"{expected[name].dtype}; the file was edited, or {hint}"
+            )
 
 
 def load_model(path: str | os.PathLike, device: str = "cpu"):
     """The model and tokenizer of a checkpoint, ready for inference: ``(model, tokenizer, ckpt)``.
 
-    The model is in eval mode on ``device``. Used by decoder.generate and decoder.finetune.
+    The model is in eval mode on ``device``, in the dtype it was trained in. Used by
+    decoder.generate and decoder.finetune.
     """
     from decoder.model import Decoder  # here, not at the top: reading a checkpoint needs no model
 
     ckpt = load_checkpoint(path, with_optimizer=False)
     tokenizer = build_tokenizer(ckpt)
     model = Decoder(ckpt.model_config)
+    if ckpt.train_config.dtype == "float64":
+        model.double()
     check_weights(ckpt.weights, model.state_dict(), ckpt.path / WEIGHTS)
     model.load_state_dict(ckpt.weights)
     model.to(device)

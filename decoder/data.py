@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from decoder.tokenizer import Tokenizer
+from minigrad.fileio import atomic_write
 
 SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -98,28 +98,24 @@ def _has_checksum(path: Path, sha256: str) -> bool:
 def download(url: str, dest: Path, sha256: str, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
     """Fetch ``url`` into ``dest`` if its SHA-256 is ``sha256``; otherwise raise ValueError.
 
-    The bytes go to a temporary file beside ``dest`` and are renamed over it only once
-    checked (``os.replace`` is atomic within a folder), so ``dest`` is never half written
-    and a failed download leaves nothing behind. Network failures raise ``OSError``.
+    The bytes are written atomically (``minigrad.fileio.atomic_write``) and kept only once
+    checked, so ``dest`` is never half written and a failed download leaves nothing behind.
+    Network failures raise ``OSError``.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
-    try:
-        digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as response:
-            while block := response.read(1 << 16):
-                digest.update(block)
-                f.write(block)
+    digest = hashlib.sha256()
+    # raising inside atomic_write discards the temporary file: dest is left as it was
+    with atomic_write(dest) as f, urllib.request.urlopen(url, timeout=timeout) as response:
+        while block := response.read(1 << 16):
+            digest.update(block)
+            f.write(block)
         got = digest.hexdigest()
         if got != sha256:
             raise ValueError(
                 f"checksum mismatch for {url}: expected sha256 {sha256}, got {got}; "
                 "the download was discarded"
             )
-        os.replace(tmp, dest)
-        _verified.add((str(dest), sha256))
-    finally:
-        Path(tmp).unlink(missing_ok=True)  # gone already after a successful os.replace
+    _verified.add((str(dest), sha256))
 
 
 def load_shakespeare(
@@ -214,13 +210,8 @@ class TokenDataset:
             folder.mkdir(parents=True, exist_ok=True)
             # Write beside the target and rename: a concurrent or killed run never leaves a
             # half-written file under the final name.
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=path.stem + ".", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    np.save(f, ids)
-                os.replace(tmp, path)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
+            with atomic_write(path) as f:
+                np.save(f, ids)
         dataset = cls(np.load(path, mmap_mode="r"), val_fraction)
         dataset.path = path
         return dataset

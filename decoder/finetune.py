@@ -39,9 +39,10 @@ from decoder.checkpoint import CheckpointError, load_model, save_checkpoint
 from decoder.data import TokenDataset, load_text
 from decoder.train import estimate_loss
 from minigrad.backend import reuse_freed_memory
+from minigrad.fileio import atomic_write
 from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
 from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr, set_lr
-from minigrad.serialization import atomic_write_text, load_safetensors, save_safetensors
+from minigrad.serialization import load_safetensors, save_safetensors
 
 ADAPTERS, SETTINGS = "adapters.safetensors", "lora.json"
 
@@ -155,7 +156,8 @@ def finetune(
         "val_loss_before": before,
         "val_loss_after": after,
     }
-    atomic_write_text(out_dir / SETTINGS, json.dumps(settings, indent=1))  # last: the manifest
+    with atomic_write(out_dir / SETTINGS, text=True) as f:  # last: the manifest
+        json.dump(settings, f, indent=1)
     say(f"adapters saved in {out_dir} ({ADAPTERS}, {SETTINGS})")
     return {
         "val_loss_before": before,

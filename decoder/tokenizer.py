@@ -46,10 +46,11 @@ import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
-from pathlib import Path
 from typing import Any, Protocol
 
 import tiktoken
+
+from minigrad.fileio import atomic_write
 
 # tiktoken's split patterns, in its Rust regex syntax (tiktoken_ext/openai_public.py).
 # GPT-2: contractions, optional space + letters / numbers / other symbols, whitespace runs.
@@ -476,14 +477,8 @@ class BPETokenizer:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write ``to_dict()`` as JSON (atomically: a reader never sees half a file)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f)
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        with atomic_write(path, text=True) as f:
+            json.dump(self.to_dict(), f)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> BPETokenizer:

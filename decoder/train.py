@@ -66,6 +66,7 @@ from decoder.data import TokenDataset, load_shakespeare, load_text
 from decoder.model import Decoder
 from decoder.tokenizer import get_tokenizer
 from minigrad.backend import reuse_freed_memory
+from minigrad.fileio import atomic_write
 from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr, param_groups_for_decay, set_lr
 
 LOG, PLOT = "log.jsonl", "loss.png"
@@ -147,9 +148,8 @@ def plot_losses(out_dir: Path, title: str = "") -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = out_dir / f".{PLOT}.tmp.png"
-    fig.savefig(tmp)
-    os.replace(tmp, out_dir / PLOT)  # a viewer never sees a half-drawn file
+    with atomic_write(out_dir / PLOT) as f:  # a viewer never sees a half-drawn file
+        fig.savefig(f, format="png")
 
 
 class _Interrupt:

@@ -13,10 +13,12 @@ Hugging Face hub serves models in it and its own readers accept our files. On to
 ``save_tree``/``load_tree`` store a nested structure (an optimiser's state, a training
 checkpoint) as arrays plus a JSON skeleton in the metadata.
 
-Every write is atomic: the bytes go to a temporary file in the target's directory, are
-fsync'ed, then renamed over the target (``os.replace``), so a crash mid-write leaves the old
-file or the new one, never half of one. Corrupt files raise a ValueError naming the file and
-what is wrong with it.
+Every write is atomic (``minigrad.fileio.atomic_write``): a crash mid-write leaves the old
+file or the new one, never half of one. The reader checks what the reference reader checks
+(a sane header length, JSON without duplicate names, known dtypes, data offsets in order,
+contiguous and covering the data exactly, each tensor's bytes matching its shape), so a
+damaged or hand-edited file raises a ValueError naming the file and the problem instead of
+loading wrong numbers.
 
 Left out on purpose: bfloat16 (NumPy has no such dtype) and memory-mapped loading.
 """
@@ -26,13 +28,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from minigrad.backend import to_numpy
+from minigrad.fileio import atomic_write
 
 # safetensors' dtype names, and NumPy's little-endian dtype for each
 DTYPES = {
@@ -47,40 +49,7 @@ DTYPES = {
 }
 _NAMES = {(dtype.kind, dtype.itemsize): name for name, dtype in DTYPES.items()}
 METADATA_KEY = "__metadata__"
-
-
-# ---- atomic writes ----------------------------------------------------------------------------
-def _atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> None:
-    """Call ``write(f)`` on a temporary file beside ``path``, then rename it over ``path``.
-
-    The rename is atomic on POSIX and Windows when both names are in one directory, which is
-    why the temporary file lives there and not in /tmp (another filesystem, perhaps).
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)  # no half-written file is left behind
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a text file (UTF-8) atomically: readers see the old contents or the new ones."""
-    _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def save_npz_atomic(path: str | os.PathLike, arrays: Mapping[str, Any]) -> None:
-    """``np.savez`` of ``arrays`` (NumPy or CuPy), written atomically; read with
-    ``np.load(path, allow_pickle=False)``."""
-    numpy_arrays = {name: to_numpy(a) for name, a in arrays.items()}
-    _atomic_write(path, lambda f: np.savez(f, **numpy_arrays))
+MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit: a larger one is damage
 
 
 # ---- safetensors ------------------------------------------------------------------------------
@@ -132,13 +101,11 @@ def save_safetensors(
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)  # pad with spaces, as the reference does: data 8-aligned
 
-    def write(f: IO[bytes]) -> None:
+    with atomic_write(path) as f:
         f.write(len(text).to_bytes(8, "little"))
         f.write(text)
         for blob in blobs:
             f.write(blob)
-
-    _atomic_write(path, write)
 
 
 def load_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -152,10 +119,14 @@ def load_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     if len(raw) < 8:
         raise corrupt(f"it has {len(raw)} bytes, fewer than the 8 of the header's length")
     n = int.from_bytes(raw[:8], "little")
+    if n > MAX_HEADER_BYTES:
+        raise corrupt(f"the header claims {n} bytes, more than the {MAX_HEADER_BYTES} allowed")
     if 8 + n > len(raw):
         raise corrupt(f"the header claims {n} bytes but the file has only {len(raw) - 8} more")
     try:
-        header = json.loads(raw[8 : 8 + n].decode("utf-8"))
+        header = json.loads(raw[8 : 8 + n].decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _DuplicateName as e:
+        raise corrupt(f"the header names {e.args[0]!r} twice") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise corrupt(f"the header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
@@ -164,31 +135,79 @@ def load_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
         raise corrupt(f"{METADATA_KEY} must map strings to strings, got {metadata!r}")
     data = memoryview(raw)[8 + n :]
-    arrays = {}
-    for name, entry in header.items():
-        if isinstance(entry, dict) and entry.get("dtype") not in DTYPES:
+    entries = {name: _entry(name, entry, corrupt) for name, entry in header.items()}
+    # As the reference reader: in the order of their offsets, each tensor starts where the
+    # previous one ended, so no two overlap, no bytes hide between them, and none follow.
+    covered = 0
+    for name, (dtype, shape, begin, end) in sorted(entries.items(), key=lambda e: e[1][2:]):
+        if begin != covered:
+            problem = "overlaps the tensor before it" if begin < covered else "leaves a gap"
             raise corrupt(
-                f"{name!r} has dtype {entry.get('dtype')!r}; this reader knows {list(DTYPES)}"
-            )
-        try:
-            dtype = DTYPES[entry["dtype"]]
-            shape = tuple(int(s) for s in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise corrupt(f"entry {name!r} is malformed: {entry!r}") from None
-        if not 0 <= begin <= end <= len(data):
-            raise corrupt(
-                f"{name!r} has data_offsets [{begin}, {end}] outside the {len(data)} data bytes "
-                f"(the file is truncated, or the header is wrong)"
+                f"{name!r} has data_offsets [{begin}, {end}] but the tensors before it end at "
+                f"{covered}: it {problem}"
             )
         if end - begin != math.prod(shape) * dtype.itemsize:
             raise corrupt(
-                f"{name!r} has {end - begin} bytes but shape {list(shape)} of {entry['dtype']} "
-                f"needs {math.prod(shape) * dtype.itemsize}"
+                f"{name!r} has {end - begin} bytes but shape {list(shape)} of "
+                f"{header[name]['dtype']} needs {math.prod(shape) * dtype.itemsize}"
             )
+        covered = end
+    if covered > len(data):
+        raise corrupt(
+            f"the tensors need {covered} data bytes but the file has {len(data)} (the file is "
+            f"truncated, or the header is wrong)"
+        )
+    if covered < len(data):
+        raise corrupt(f"{len(data) - covered} bytes follow the last tensor's data")
+    arrays = {}
+    for name, (dtype, shape, begin, end) in entries.items():
         # a copy: the arrays own writable memory, and the file's buffer can be freed
         arrays[name] = np.frombuffer(data[begin:end], dtype=dtype).reshape(shape).copy()
     return arrays, metadata
+
+
+class _DuplicateName(ValueError):
+    """A JSON object that names one key twice (``json`` would keep the last silently)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object hook: a dict, unless a key repeats.
+
+    >>> json.loads('{"a": 1, "a": 2}', object_pairs_hook=_no_duplicates)
+    Traceback (most recent call last):
+    ...
+    minigrad.serialization._DuplicateName: a
+    """
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateName(key)
+        out[key] = value
+    return out
+
+
+def _is_count(x: Any) -> bool:
+    """A JSON non-negative integer (``true`` and ``2.0`` are not)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _entry(
+    name: str, entry: Any, corrupt: Callable[[str], ValueError]
+) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """One header entry, checked: (dtype, shape, begin, end)."""
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        raise corrupt(f"entry {name!r} is malformed: {entry!r}")
+    if entry["dtype"] not in DTYPES:
+        raise corrupt(f"{name!r} has dtype {entry['dtype']!r}; this reader knows {list(DTYPES)}")
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    if not (isinstance(shape, list) and all(_is_count(s) for s in shape)):
+        raise corrupt(f"{name!r} has shape {shape!r}, not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))):
+        raise corrupt(f"{name!r} has data_offsets {offsets!r}, not two non-negative integers")
+    begin, end = offsets
+    if begin > end:
+        raise corrupt(f"{name!r} has data_offsets [{begin}, {end}]: it ends before it begins")
+    return DTYPES[entry["dtype"]], tuple(shape), begin, end
 
 
 # ---- nested structures ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Tests of minigrad.serialization: the safetensors format by hand, every dtype, atomic
-writes, corrupt files, and nested trees."""
+writes, corrupt and crafted files (each check the reference reader makes), and nested trees."""
 
 import json
 import os
@@ -8,15 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from minigrad import serialization
-from minigrad.serialization import (
-    atomic_write_text,
-    load_safetensors,
-    load_tree,
-    save_npz_atomic,
-    save_safetensors,
-    save_tree,
-)
+from minigrad import fileio
+from minigrad.serialization import load_safetensors, load_tree, save_safetensors, save_tree
 
 ALL_DTYPES = ["float32", "float64", "float16", "int64", "int32", "uint16", "uint8", "bool"]
 
@@ -104,24 +97,11 @@ def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
     def crash(fd):  # the disk fails after the bytes were written, before the rename
         raise OSError("disk full")
 
-    monkeypatch.setattr(serialization.os, "fsync", crash)
+    monkeypatch.setattr(fileio.os, "fsync", crash)
     with pytest.raises(OSError, match="disk full"):
         save_safetensors(path, {"w": np.zeros(1000)})
     assert path.read_bytes() == old  # the old checkpoint survives whole
     assert os.listdir(tmp_path) == ["ckpt.safetensors"]  # and no temporary file is left
-    with pytest.raises(OSError, match="disk full"):
-        atomic_write_text(tmp_path / "new.json", "{}")
-    assert os.listdir(tmp_path) == ["ckpt.safetensors"]
-
-
-def test_text_and_npz_helpers(tmp_path, rng):
-    atomic_write_text(tmp_path / "c.json", '{"lr": 0.1}')
-    assert json.loads((tmp_path / "c.json").read_text()) == {"lr": 0.1}
-    arrays = {"m": rng.standard_normal((2, 3)), "step": np.array(4)}
-    save_npz_atomic(tmp_path / "s.npz", arrays)
-    with np.load(tmp_path / "s.npz", allow_pickle=False) as f:
-        np.testing.assert_array_equal(f["m"], arrays["m"])
-        assert f["step"] == 4
 
 
 # ---- corrupt files ----------------------------------------------------------------------------
@@ -146,7 +126,10 @@ def test_truncated_files(good_file):
     with pytest.raises(ValueError, match="the header claims .* bytes but the file has only 12"):
         load_safetensors(good_file)
     good_file.write_bytes(raw[:-4])  # the last float is cut off
-    with pytest.raises(ValueError, match=r"'a' has data_offsets \[0, 24\] outside the 20 data"):
+    with pytest.raises(ValueError, match=r"need 24 data bytes but the file has 20 .*truncated"):
+        load_safetensors(good_file)
+    good_file.write_bytes(raw + b"\0" * 4)
+    with pytest.raises(ValueError, match="4 bytes follow the last tensor's data"):
         load_safetensors(good_file)
 
 
@@ -169,6 +152,81 @@ def test_bad_headers(tmp_path):
         load_safetensors(path)
     write_header(path, {"__metadata__": {"step": 3}})
     with pytest.raises(ValueError, match="__metadata__ must map strings to strings"):
+        load_safetensors(path)
+
+
+def crafted(path, entries, n_data):
+    """A file whose header lists ``entries`` (name -> (dtype, shape, [begin, end])) over
+    ``n_data`` bytes of 1.0f (so a wrong reading is visible)."""
+    header = {
+        name: {"dtype": dtype, "shape": shape, "data_offsets": offsets}
+        for name, (dtype, shape, offsets) in entries.items()
+    }
+    write_header(path, header, np.ones(n_data // 4, np.float32).tobytes())
+    return path
+
+
+@pytest.mark.parametrize(
+    "entries, n_data, message",
+    [
+        # two tensors on the same bytes: each would load, and alias the other
+        (
+            {"a": ("F32", [2], [0, 8]), "b": ("F32", [2], [4, 12])},
+            12,
+            r"'b' has data_offsets \[4, 12\] but the tensors before it end at 8: it overlaps",
+        ),
+        ({"a": ("F32", [2], [0, 8]), "b": ("F32", [2], [0, 8])}, 8, "overlaps"),
+        # bytes nobody owns: before, between, after the tensors
+        ({"a": ("F32", [1], [4, 8])}, 8, r"before it end at 0: it leaves a gap"),
+        ({"a": ("F32", [1], [0, 4]), "b": ("F32", [1], [8, 12])}, 12, "leaves a gap"),
+        ({"a": ("F32", [1], [0, 4])}, 8, "4 bytes follow the last tensor's data"),
+        # misaligned: a tensor that starts in the middle of another's element
+        ({"a": ("F32", [1], [0, 4]), "b": ("F32", [1], [2, 6])}, 8, "overlaps"),
+        # the length does not match the shape, either way round
+        ({"a": ("F32", [3], [0, 8])}, 8, r"'a' has 8 bytes but shape \[3\] of F32 needs 12"),
+        ({"a": ("F64", [2, 2], [0, 16])}, 16, r"shape \[2, 2\] of F64 needs 32"),
+        # offsets and shapes that are not counts
+        ({"a": ("F32", [1], [8, 4])}, 8, "ends before it begins"),
+        ({"a": ("F32", [1], [-4, 0])}, 8, "not two non-negative integers"),
+        ({"a": ("F32", [1], [0, 4.0])}, 4, "not two non-negative integers"),
+        ({"a": ("F32", [1], [0, 4, 8])}, 8, "not two non-negative integers"),
+        ({"a": ("F32", [True], [0, 4])}, 4, "not a list of non-negative integers"),
+        ({"a": ("F32", [-1, -1], [0, 4])}, 4, "not a list of non-negative integers"),
+        ({"a": ("F32", "4", [0, 16])}, 16, "not a list of non-negative integers"),
+        ({"a": ("F8_E4M3", [4], [0, 4])}, 4, "'a' has dtype 'F8_E4M3'; this reader knows"),
+    ],
+)
+def test_crafted_offsets_and_shapes_are_refused(tmp_path, entries, n_data, message):
+    path = crafted(tmp_path / "crafted.safetensors", entries, n_data)
+    with pytest.raises(ValueError, match=f"crafted.safetensors is not a valid .*{message}"):
+        load_safetensors(path)
+
+
+def test_empty_tensors_share_an_offset(tmp_path):
+    # zero-size tensors take no bytes, so several may start where the next one does
+    entries = {"e1": ("F32", [0], [0, 0]), "e2": ("F32", [0, 3], [0, 0]), "a": ("F32", [1], [0, 4])}
+    arrays, _ = load_safetensors(crafted(tmp_path / "e.safetensors", entries, 4))
+    assert arrays["e2"].shape == (0, 3) and arrays["a"].tolist() == [1.0]
+
+
+def test_duplicate_names_are_refused(tmp_path):
+    # json.loads would keep the second silently; the reference reader refuses the file
+    entry = '{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}'
+    path = tmp_path / "dup.safetensors"
+    text = f'{{"a": {entry}, "a": {entry}}}'.encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 4)
+    with pytest.raises(ValueError, match="dup.safetensors .* the header names 'a' twice"):
+        load_safetensors(path)
+    text = b'{"a": {"dtype": "F32", "dtype": "I32", "shape": [1], "data_offsets": [0, 4]}}'
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 4)
+    with pytest.raises(ValueError, match="names 'dtype' twice"):
+        load_safetensors(path)
+
+
+def test_a_huge_header_length_is_refused_before_reading_it(tmp_path):
+    path = tmp_path / "huge.safetensors"
+    path.write_bytes(struct.pack("<Q", 2**63) + b"{}")
+    with pytest.raises(ValueError, match="the header claims 9223372036854775808 bytes, more than"):
         load_safetensors(path)
 
 

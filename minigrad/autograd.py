@@ -246,6 +246,8 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
             dtype = t.data.dtype
             if g.dtype is not dtype and g.dtype != dtype:  # `is` first: dtypes are singletons
                 g = g.astype(dtype)
+            if isinstance(g, np.generic):  # NumPy math on 0-d arrays gives scalars: keep arrays
+                g = np.asarray(g)
             if t._ctx is None:
                 _accumulate_leaf(t, g)
             else:

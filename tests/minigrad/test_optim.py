@@ -137,6 +137,24 @@ def test_clip_grad_norm(rng):
     assert clip_grad_norm_([param([1.0])], 1.0) == 0.0  # no gradients at all
 
 
+def test_a_0d_parameter_gets_an_array_grad_that_clipping_and_momentum_update():
+    # regression: backward gave a 0-d parameter a NumPy scalar, which in-place updates cannot
+    # change: clipping left it whole and SGD's momentum buffer froze after the first step
+    w = mg.tensor(1.0, dtype="float64", requires_grad=True)
+    (w * 10.0).backward()
+    assert isinstance(w.grad, np.ndarray) and w.grad.shape == () and w.grad.dtype == w.dtype
+    assert clip_grad_norm_([w], max_norm=1.0) == pytest.approx(10.0)
+    assert float(w.grad) == pytest.approx(1.0, rel=1e-5)
+
+    opt = SGD([w], lr=0.1, momentum=0.9)
+    for _ in range(2):  # loss = 3 w: the gradient is 3 at every step
+        w.grad = None
+        (w * 3.0).backward()
+        opt.step()
+    # buf = 3, then 0.9 * 3 + 3 = 5.7;  w = 1 - 0.1 * 3 - 0.1 * 5.7
+    assert float(w.data) == pytest.approx(1 - 0.3 - 0.57)
+
+
 # ---- schedules --------------------------------------------------------------------------------
 def test_cosine_schedule():
     lrs = [cosine_lr(s, 1.0, 0.1, warmup_steps=10, decay_steps=110) for s in range(130)]

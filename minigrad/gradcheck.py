@@ -75,15 +75,17 @@ def gradcheck(
                 f"its grad has shape {analytic.shape} and dtype {analytic.dtype}"
             )
         numeric = np.zeros(x.shape)
-        flat = x.data.reshape(-1)  # subtle: a view, so writing it perturbs x in place
-        for j in range(flat.size):
-            orig = flat[j].item()
-            flat[j] = orig + eps
+        # subtle: perturb x.data element by element through its own index, not through a
+        # reshape(-1): that is a copy for a non-contiguous x (a transpose), and writing a copy
+        # would leave x unchanged and every finite difference 0
+        for j in np.ndindex(x.shape):
+            orig = x.data[j].item()
+            x.data[j] = orig + eps
             plus = loss()
-            flat[j] = orig - eps
+            x.data[j] = orig - eps
             minus = loss()
-            flat[j] = orig
-            numeric.reshape(-1)[j] = (plus - minus) / (2 * eps)
+            x.data[j] = orig
+            numeric[j] = (plus - minus) / (2 * eps)
         analytic = to_numpy(analytic)
         err = np.abs(analytic - numeric) - (atol + rtol * np.abs(numeric))
         if err.size and err.max() > 0:

@@ -180,3 +180,13 @@ def test_leaves_inputs_unchanged(rng):
     before = x.numpy().copy()
     mg.gradcheck(Cube.apply, x)
     assert np.array_equal(x.numpy(), before)
+
+
+def test_checks_a_non_contiguous_input(rng):
+    # regression: gradcheck perturbed x.data.reshape(-1), a copy for a transposed array, so every
+    # finite difference was 0 and a right backward was reported wrong
+    x = mg.Tensor(rng.standard_normal((3, 4)).T, requires_grad=True)  # a (4, 3) strided view
+    assert not x.data.flags.c_contiguous
+    assert mg.gradcheck(Cube.apply, x)
+    with pytest.raises(mg.GradcheckError):
+        mg.gradcheck(CubeOffByFactor.apply, x)

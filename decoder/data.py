@@ -4,7 +4,9 @@ Holds the Tiny Shakespeare download (cached, checksummed, written atomically), a
 any UTF-8 text file, and ``TokenDataset``: a corpus tokenised once, split 90/10 into train and
 validation ids, from which ``get_batch`` draws random windows ``x`` and their next tokens ``y``.
 ``TokenDataset.from_text`` keeps the ids in a ``.npy`` file keyed by the text and the
-tokenizer, opened as a memory map, so a second run skips tokenising.
+tokenizer, opened as a memory map, so a second run skips tokenising. A ``.json`` record beside
+it holds the count and SHA-256 of what was written, so a cache file that was truncated or
+overwritten is noticed and rebuilt, never trained on.
 
 Left out on purpose: datasets larger than memory while tokenising (the text is read whole),
 document boundaries and shuffled epochs (random windows, as in nanoGPT, are enough for a
@@ -21,6 +23,7 @@ import hashlib
 import json
 import os
 import urllib.request
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,11 +39,11 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 SHAKESPEARE_FILENAME = "tinyshakespeare.txt"
 DOWNLOAD_TIMEOUT_S = 30  # per blocking network operation, so no network means an error, not a hang
 VAL_FRACTION = 0.1  # the last 10% of the tokens validate
-TOKEN_CACHE_VERSION = 1  # part of the cache key: bump it when the file layout changes
+TOKEN_CACHE_VERSION = 2  # part of the cache key: bump it when the file layout changes
 
-# Files whose checksum this process has already checked, as (path, sha256): checking
-# costs a read of the whole file, so it is done at most once per process.
-_verified: set[tuple[str, str]] = set()
+# Files whose checksum this process has already checked, as (path, sha256, size, mtime):
+# checking costs a read of the whole file, so it is done once per process and version of it.
+_verified: set[tuple[str, str, int, int]] = set()
 
 
 # ---- files --------------------------------------------------------------------------------------
@@ -85,11 +88,15 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def _has_checksum(path: Path, sha256: str) -> bool:
-    """Whether ``path`` exists and hashes to ``sha256``, hashing once per process."""
-    key = (str(path), sha256)
-    if key in _verified and path.is_file():
+    """Whether ``path`` is a file that hashes to ``sha256``, hashing it again only when its
+    size or modification time changed since this process last did."""
+    if not path.is_file():
+        return False
+    stat = path.stat()
+    key = (str(path), sha256, stat.st_size, stat.st_mtime_ns)
+    if key in _verified:
         return True
-    if path.is_file() and sha256_file(path) == sha256:
+    if sha256_file(path) == sha256:
         _verified.add(key)
         return True
     return False
@@ -115,7 +122,6 @@ def download(url: str, dest: Path, sha256: str, timeout: float = DOWNLOAD_TIMEOU
                 f"checksum mismatch for {url}: expected sha256 {sha256}, got {got}; "
                 "the download was discarded"
             )
-    _verified.add((str(dest), sha256))
 
 
 def load_shakespeare(
@@ -162,6 +168,54 @@ def _token_cache_key(text: str, tokenizer: Tokenizer) -> str:
     return digest.hexdigest()[:32]
 
 
+def _read_token_cache(path: Path, key: str) -> tuple[np.ndarray | None, str]:
+    """The ids cached at ``path`` as a memory map, or None and why they cannot be trusted
+    (an empty reason when there is simply no cache yet).
+
+    The record ``path.with_suffix(".json")`` must name ``key`` (the text and tokenizer it was
+    made from), and the file must have the recorded SHA-256 (hashed once per process, as
+    downloads are) and hold the recorded number of ids: a truncated file, or one overwritten
+    with other ids, fails one of these.
+    """
+    record_path = path.with_suffix(".json")
+    if not path.exists() and not record_path.exists():
+        return None, ""
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        n_tokens, sha256 = record["n_tokens"], record["sha256"]
+        if record["key"] != key:
+            return None, f"its record {record_path.name} is for another text or tokenizer"
+    except FileNotFoundError:
+        return None, f"its record {record_path.name} is missing"
+    except (ValueError, KeyError, TypeError):  # bad JSON, a missing field, not an object
+        return None, f"its record {record_path.name} is unreadable"
+    if not path.is_file():
+        return None, "the ids file is missing"
+    if not _has_checksum(path, sha256):
+        return None, (
+            f"its contents ({path.stat().st_size} bytes) are not the {n_tokens} ids recorded "
+            f"in {record_path.name}: the file was truncated or overwritten"
+        )
+    ids = np.load(path, mmap_mode="r")
+    if ids.ndim != 1 or len(ids) != n_tokens:
+        return None, f"it holds {ids.shape} ids, but its record says {n_tokens}"
+    return ids, ""
+
+
+def _write_token_cache(path: Path, key: str, ids: np.ndarray) -> None:
+    """Save ``ids`` at ``path``, then the record ``_read_token_cache`` checks them against.
+
+    Each file is replaced whole (``atomic_write``), and the record goes last, so a run killed
+    in between leaves ids without a matching record: rebuilt next time, never trusted.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        np.save(f, ids)
+    record = {"key": key, "n_tokens": len(ids), "sha256": sha256_file(path)}
+    with atomic_write(path.with_suffix(".json"), text=True) as f:
+        json.dump(record, f)
+
+
 class TokenDataset:
     """A corpus of token ids, split 90/10 into ``train`` and ``val``, served as random windows.
 
@@ -199,20 +253,31 @@ class TokenDataset:
 
         The ids live in ``cache`` (default ``cache_dir() / "tokens"``) as ``<key>.npy``, keyed
         by a hash of the text and ``tokenizer.to_dict()``, and are opened as a read-only memory
-        map, so even a large corpus costs no memory until batches touch it.
+        map, so even a large corpus costs no memory until batches touch it. ``<key>.json``
+        records the key, the number of ids and the file's SHA-256; a file that disagrees with
+        its record is rebuilt with a warning (see ``_read_token_cache``).
         """
         if not text:
             raise ValueError("the text is empty: there is nothing to train on")
         folder = Path(cache) if cache is not None else cache_dir() / "tokens"
-        path = folder / f"{_token_cache_key(text, tokenizer)}.npy"
-        if not path.is_file():
+        key = _token_cache_key(text, tokenizer)
+        path = folder / f"{key}.npy"
+        ids, problem = _read_token_cache(path, key)
+        if ids is None:
+            if problem:
+                warnings.warn(f"token cache {path}: {problem}; rebuilding it", stacklevel=2)
             ids = np.asarray(tokenizer.encode(text), dtype=token_dtype(tokenizer.vocab_size))
-            folder.mkdir(parents=True, exist_ok=True)
-            # Write beside the target and rename: a concurrent or killed run never leaves a
-            # half-written file under the final name.
-            with atomic_write(path) as f:
-                np.save(f, ids)
-        dataset = cls(np.load(path, mmap_mode="r"), val_fraction)
+            try:
+                _write_token_cache(path, key, ids)
+            except OSError as e:
+                raise OSError(
+                    f"could not write the token cache {path}: {e}. Make the folder writable, "
+                    "or set MINIGRAD_DATA_DIR to a writable folder"
+                ) from e
+            ids, problem = _read_token_cache(path, key)
+            if ids is None:  # another process rewrote it in between, or the disk lies
+                raise OSError(f"token cache {path}: {problem} right after writing it")
+        dataset = cls(ids, val_fraction)
         dataset.path = path
         return dataset
 

@@ -208,7 +208,7 @@ def test_split_shorter_than_a_window_is_an_error(counting, rng):
 def test_token_cache_is_reused_without_tokenising(tmp_path, monkeypatch):
     tok = CharTokenizer.from_text(COUNTING)
     first = TokenDataset.from_text(COUNTING, tok, tmp_path)
-    assert [p.suffix for p in tmp_path.iterdir()] == [".npy"]  # no temporary file left
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".npy"]  # no temp file
 
     def no_encode(text):
         raise AssertionError("tokenised again instead of reading the cache")
@@ -218,6 +218,49 @@ def test_token_cache_is_reused_without_tokenising(tmp_path, monkeypatch):
     assert second.path == first.path
     assert isinstance(second.train, np.memmap)  # read from disk as it is used
     np.testing.assert_array_equal(second.ids, first.ids)
+
+
+def _damaged_cache(tmp_path, monkeypatch, damage):
+    """Build the cache, ``damage(path)`` it, then load it again as a later run would."""
+    tok = CharTokenizer.from_text(COUNTING)
+    path = TokenDataset.from_text(COUNTING, tok, tmp_path).path
+    damage(path)
+    monkeypatch.setattr(data, "_verified", set())  # a later run: nothing checked yet
+    return tok, path
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda p: np.save(p, np.load(p)[::-1].copy()), "truncated or overwritten"),  # other ids
+        (lambda p: p.write_bytes(p.read_bytes()[:1000]), "truncated or overwritten"),
+        (lambda p: p.with_suffix(".json").unlink(), "record .*json is missing"),
+        (lambda p: p.with_suffix(".json").write_text("{"), "record .*json is unreadable"),
+        (lambda p: p.unlink(), "the ids file is missing"),
+    ],
+    ids=["overwritten", "truncated", "no-record", "bad-record", "no-ids"],
+)
+def test_damaged_token_cache_is_rebuilt_with_a_warning(tmp_path, monkeypatch, damage, reason):
+    tok, path = _damaged_cache(tmp_path, monkeypatch, damage)
+    with pytest.warns(UserWarning, match=f"token cache .*{path.name}: .*{reason}.*rebuilding"):
+        dataset = TokenDataset.from_text(COUNTING, tok, tmp_path)
+    np.testing.assert_array_equal(dataset.ids, tok.encode(COUNTING))
+    monkeypatch.setattr(data, "_verified", set())
+    np.testing.assert_array_equal(TokenDataset.from_text(COUNTING, tok, tmp_path).ids, dataset.ids)
+
+
+def test_damaged_token_cache_that_cannot_be_rewritten_is_a_clear_error(tmp_path, monkeypatch):
+    tok, path = _damaged_cache(tmp_path, monkeypatch, lambda p: p.write_bytes(b"\x93NUMPY"))
+
+    def read_only(path, text=False):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(data, "atomic_write", read_only)
+    with pytest.warns(UserWarning, match="rebuilding"):
+        with pytest.raises(
+            OSError, match=f"could not write the token cache .*{path.name}.*MINIGRAD_DATA_DIR"
+        ):
+            TokenDataset.from_text(COUNTING, tok, tmp_path)
 
 
 def test_token_cache_key_covers_text_and_tokenizer(tmp_path):

@@ -20,7 +20,6 @@ from decoder.tokenizer import (
     TiktokenTokenizer,
     get_tokenizer,
     split_text,
-    to_python_pattern,
     tokenizer_from_dict,
 )
 
@@ -162,25 +161,6 @@ def test_split_matches_tiktoken(text, pattern):
 def test_split_matches_tiktoken_on_random_unicode(text):
     for pattern in (GPT2_SPLIT_PATTERN, GPT4_SPLIT_PATTERN):
         assert split_text(text, pattern) == tiktoken_split(text, pattern), pattern
-
-
-def test_python_pattern_classes_follow_unicode():
-    import re
-
-    letters = re.compile(to_python_pattern(r"\p{L}+"))
-    numbers = re.compile(to_python_pattern(r"\p{N}+"))
-    space = re.compile(to_python_pattern(r"\s"))
-    assert letters.fullmatch("naïveΣλ字ſ")
-    assert not letters.search("_1²\u0301")  # underscore, digits, numbers, combining marks
-    assert numbers.fullmatch("0123²½Ⅻ٣")  # Nd, No, Nl: Python's \d knows only the first
-    assert space.fullmatch("\u3000") and not space.fullmatch("\x1c")  # unlike Python's \s
-
-
-def test_python_pattern_rejects_what_it_cannot_translate():
-    with pytest.raises(ValueError, match="unsupported"):
-        to_python_pattern(r"\P{L}")
-    with pytest.raises(ValueError, match="unsupported"):
-        to_python_pattern(r"\p{Greek}")
 
 
 # ---- BPE training -------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ split patterns).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -387,12 +388,43 @@ class BPETokenizer:
 
 
 # ---- pretrained tiktoken encodings --------------------------------------------------------------
+# The files of the pretrained encoding the command line offers (tiktoken_ext/openai_public.py),
+# so that the error for a machine without network can say what to download.
+TIKTOKEN_FILES = {
+    "gpt2": (
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+    ),
+}
+
+
 def _tiktoken_cache_dir() -> str:
     """Where tiktoken keeps downloaded files (the rule in ``tiktoken.load.read_file_cached``)."""
     for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
         if var in os.environ:
             return os.environ[var]
     return os.path.join(tempfile.gettempdir(), "data-gym-cache")
+
+
+def _offline_message(name: str, error: OSError) -> str:
+    """What to download, and where to put it, when tiktoken cannot fetch ``name``'s files."""
+    folder = _tiktoken_cache_dir()
+    where = (
+        f"tiktoken reads them from {folder} (set TIKTOKEN_CACHE_DIR to choose another folder), "
+        "each file named by the SHA-1 of its URL"
+    )
+    if name in TIKTOKEN_FILES:
+        files = "".join(
+            f"\n  {url}\n    -> {os.path.join(folder, hashlib.sha1(url.encode()).hexdigest())}"
+            for url in TIKTOKEN_FILES[name]
+        )
+        get = f"On a machine with network access, download{files}\nand copy them there"
+    else:
+        get = "Their URLs are in tiktoken_ext/openai_public.py; download them and copy them there"
+    return (
+        f"could not download the files of tiktoken's {name!r} encoding ({error}). {where}. "
+        f"{get}, or run once with network access to fill that folder."
+    )
 
 
 class TiktokenTokenizer:
@@ -403,13 +435,7 @@ class TiktokenTokenizer:
         try:
             self.encoding = tiktoken.get_encoding(name)
         except OSError as e:  # what requests and urllib raise when offline
-            raise RuntimeError(
-                f"could not download the files of tiktoken's {name!r} encoding ({e}). "
-                f"tiktoken fetches them once and caches them in {_tiktoken_cache_dir()!r}. "
-                "To get them: run once with network access, or copy the cache folder of a "
-                "machine that has (its files are named by the SHA-1 of their URLs) and set "
-                "TIKTOKEN_CACHE_DIR to that folder."
-            ) from e
+            raise RuntimeError(_offline_message(name, e)) from e
 
     @property
     def vocab_size(self) -> int:

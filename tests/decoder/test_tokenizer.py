@@ -1,5 +1,6 @@
 """Tokenizers: known answers, round trips, and agreement with tiktoken on splits and ids."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ from decoder.tokenizer import (
     ENDOFTEXT,
     GPT2_SPLIT_PATTERN,
     GPT4_SPLIT_PATTERN,
+    TIKTOKEN_FILES,
     BPETokenizer,
     CharTokenizer,
     TiktokenTokenizer,
@@ -320,19 +322,63 @@ def test_get_tokenizer_errors():
         tokenizer_from_dict({"type": "word"})
 
 
-def test_gpt2_offline_says_how_to_get_the_files(monkeypatch, tmp_path):
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No network for tiktoken, and an empty cache folder: the gpt2 files cannot be had."""
+
     def no_network(url):
         raise requests.exceptions.ConnectionError(f"network is unreachable: {url}")
 
     # subtle: tiktoken caches loaded encodings, and fetches through tiktoken.load.read_file
     monkeypatch.delitem(tiktoken.registry.ENCODINGS, "gpt2", raising=False)
     monkeypatch.setattr(tiktoken.load, "read_file", no_network)
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))
+    return tmp_path / "tiktoken"
+
+
+def test_gpt2_offline_says_what_to_download_and_where(offline):
     with pytest.raises(RuntimeError, match="could not download") as info:
         get_tokenizer("gpt2")
     message = str(info.value)
-    assert "TIKTOKEN_CACHE_DIR" in message and str(tmp_path) in message
-    assert "network access" in message
+    assert "TIKTOKEN_CACHE_DIR" in message and "network access" in message
+    for url in TIKTOKEN_FILES["gpt2"]:
+        assert f"{url}\n    -> {offline / hashlib.sha1(url.encode()).hexdigest()}" in message
+
+
+def test_gpt2_files_are_the_ones_tiktoken_fetches(offline, monkeypatch):
+    from tiktoken_ext import openai_public
+
+    asked = {}
+
+    def record(**files):
+        asked.update(files)
+        raise OSError("offline")
+
+    monkeypatch.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks", record)
+    with pytest.raises(RuntimeError):
+        get_tokenizer("gpt2")
+    urls = (asked["vocab_bpe_file"], asked["encoder_json_file"])
+    assert urls == TIKTOKEN_FILES["gpt2"]
+
+
+def test_train_with_gpt2_offline_is_an_error_not_a_traceback(offline, tmp_path, capsys):
+    import decoder.train as tr
+
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat.\n" * 20, encoding="utf-8")
+    args = [
+        "--preset",
+        "tiny",
+        "--tokenizer=gpt2",
+        "--data",
+        str(text),
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    assert tr.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: could not download the files of tiktoken's 'gpt2'")
+    assert TIKTOKEN_FILES["gpt2"][0] in err
 
 
 def test_tiktoken_wrapper_interface(monkeypatch, bpe):

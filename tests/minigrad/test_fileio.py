@@ -2,7 +2,9 @@
 file is left, the new file gets the umask's mode, and the bytes and the rename are synced."""
 
 import os
+import re
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +79,21 @@ def test_the_bytes_and_the_folder_are_synced(tmp_path, monkeypatch):
     with atomic_write(tmp_path / "x.bin") as f:
         f.write(b"x")
     assert synced == [False, True]  # the file first, then the folder's new entry
+
+
+def test_no_second_atomic_write_or_serializer():
+    # one mechanism each: a new os.replace or mkstemp is a second atomic write, np.savez a
+    # second serializer (checkpoints are safetensors)
+    root = Path(__file__).resolve().parents[2]
+    second = re.compile(r"\bos\.replace\(|\bmkstemp\(|\.savez(_compressed)?\(|\bpickle\.")
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for package in ("minigrad", "decoder")
+        for path in sorted((root / package).rglob("*.py"))
+        if path.name != "fileio.py"
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if second.search(line)
+    ]
+    assert not found, "use minigrad.fileio.atomic_write / minigrad.serialization:\n" + "\n".join(
+        found
+    )

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -35,16 +34,26 @@ from typing import Any
 import numpy as np
 
 import minigrad as mg
-from decoder.checkpoint import CheckpointError, load_model, save_checkpoint
+from decoder.checkpoint import (
+    CHECKPOINT_FILES,
+    LATEST,
+    CheckpointError,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+)
+from decoder.config import TrainConfig
 from decoder.data import TokenDataset, load_text
-from decoder.train import estimate_loss
+from decoder.rundir import claim_dir
+from decoder.step import TrainingDiverged, estimate_loss, train_step
 from minigrad.backend import reuse_freed_memory
 from minigrad.fileio import atomic_write
 from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
-from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr, set_lr
+from minigrad.optim import AdamW, cosine_lr, set_lr
 from minigrad.serialization import load_safetensors, save_safetensors
 
-ADAPTERS, SETTINGS = "adapters.safetensors", "lora.json"
+ADAPTERS, SETTINGS, MERGED = "adapters.safetensors", "lora.json", "merged"
+OVERWRITE_HELP = "replace what a previous run left in --out (without it, that is refused)"
 
 
 def _head_counts(model: Any) -> dict[str, int]:
@@ -78,86 +87,70 @@ def finetune(
     device: str = "cpu",
     progress: bool = True,
     data_path: str | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train LoRA adapters on ``text`` and save them (only them) into ``out_dir``.
 
-    Returns ``{"val_loss_before", "val_loss_after", "trainable", "wrapped", "out_dir"}``.
+    ``out_dir`` is held as decoder.rundir describes: a directory holding a previous
+    fine-tune's adapters is refused unless ``overwrite``. Returns ``{"val_loss_before",
+    "val_loss_after", "trainable", "wrapped", "out_dir"}``. A NaN or infinite loss raises
+    decoder.step.TrainingDiverged, as in decoder.train.
     """
     reuse_freed_memory()  # as decoder.train: keep the pages each step frees
     say = print if progress else (lambda *a, **k: None)
-    model, tokenizer, base = load_model(checkpoint, device=device)
-    train_cfg = base.train_config
-    data = TokenDataset(_encode(tokenizer, text, data_path or "the fine-tune text"))
-    T = model.config.block_size
+    claim = claim_dir(out_dir, (ADAPTERS, SETTINGS, MERGED), SETTINGS, overwrite=overwrite)
+    with claim as out_dir:
+        model, tokenizer, base = load_model(checkpoint, device=device)
+        data = TokenDataset(_encode(tokenizer, text, data_path or "the fine-tune text"))
+        mg.manual_seed(seed)  # the adapters' A init and their dropout generators
+        wrapped = apply_lora(
+            model,
+            targets,
+            r=r,
+            alpha=alpha,
+            dropout=dropout,
+            per_head=per_head,
+            n_head=_head_counts(model) if per_head else None,
+        )
+        model.to(device)
+        n_trainable = sum(p.size for p in model.parameters() if p.requires_grad)
+        names = ", ".join(sorted({w.split(".")[-1] for w in wrapped}))
+        say(
+            f"LoRA on {len(wrapped)} layers ({names}): {n_trainable:,} trainable of "
+            f"{model.num_parameters():,} parameters"
+        )
 
-    mg.manual_seed(seed)  # the adapters' A init and their dropout generators
-    wrapped = apply_lora(
-        model,
-        targets,
-        r=r,
-        alpha=alpha,
-        dropout=dropout,
-        per_head=per_head,
-        n_head=_head_counts(model) if per_head else None,
-    )
-    model.to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    n_trainable = sum(p.size for p in params)
-    say(
-        f"LoRA on {len(wrapped)} layers ({', '.join(sorted({w.split('.')[-1] for w in wrapped}))}"
-        f"): {n_trainable:,} trainable of {model.num_parameters():,} parameters"
-    )
+        # the base run's batch size, evaluation batches and clipping, with this seed
+        cfg = dataclasses.replace(base.train_config, seed=seed, device=device)
+        T = model.config.block_size
+        before = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
+        say(f"val loss on the new text before fine-tuning: {before:.4f}")
+        t0 = time.perf_counter()
+        train_adapters(model, data, cfg, lr, max_iters, say)
+        after = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
+        say(
+            f"val loss on the new text after {max_iters} steps "
+            f"({time.perf_counter() - t0:.1f} s): {after:.4f}"
+        )
 
-    eval_cfg = dataclasses.replace(train_cfg, seed=seed, device=device)  # the base's batches
-    before = estimate_loss(model, data, eval_cfg, T)["val"]
-    say(f"val loss on the new text before fine-tuning: {before:.4f}")
-
-    optimizer = AdamW(params, lr=lr, betas=(train_cfg.beta1, train_cfg.beta2), weight_decay=0.0)
-    rng = np.random.default_rng(seed)
-    warmup = max_iters // 10
-    model.train()
-    t0 = time.perf_counter()
-    for step in range(max_iters):
-        set_lr(optimizer, cosine_lr(step, lr, lr / 10, warmup, max_iters))
-        x, y = data.get_batch("train", train_cfg.batch_size, T, rng)
-        _, loss = model(mg.Tensor(x, device=device), mg.Tensor(y, device=device))
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(
-                f"the loss is {loss.item()} at step {step + 1}; try a lower --lr"
-            )
-        optimizer.zero_grad()
-        loss.backward()
-        if train_cfg.grad_clip > 0:
-            clip_grad_norm_(params, train_cfg.grad_clip)
-        optimizer.step()
-        if progress and (step + 1) % max(1, max_iters // 10) == 0:
-            say(f"step {step + 1}/{max_iters}: loss {loss.item():.4f}")
-    after = estimate_loss(model, data, eval_cfg, T)["val"]
-    say(
-        f"val loss on the new text after {max_iters} steps ({time.perf_counter() - t0:.1f} s): "
-        f"{after:.4f}"
-    )
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_safetensors(out_dir / ADAPTERS, lora_state_dict(model))
-    settings = {
-        "r": r,
-        "alpha": alpha,
-        "targets": list(targets),
-        "per_head": per_head,
-        "dropout": dropout,
-        "base_checkpoint": str(base.path.resolve()),
-        "base_step": base.step,
-        "data": data_path,
-        "max_iters": max_iters,
-        "lr": lr,
-        "seed": seed,
-        "val_loss_before": before,
-        "val_loss_after": after,
-    }
-    with atomic_write(out_dir / SETTINGS, text=True) as f:  # last: the manifest
-        json.dump(settings, f, indent=1)
+        save_safetensors(out_dir / ADAPTERS, lora_state_dict(model))
+        settings = {
+            "r": r,
+            "alpha": alpha,
+            "targets": list(targets),
+            "per_head": per_head,
+            "dropout": dropout,
+            "base_checkpoint": str(base.path.resolve()),
+            "base_step": base.step,
+            "data": data_path,
+            "max_iters": max_iters,
+            "lr": lr,
+            "seed": seed,
+            "val_loss_before": before,
+            "val_loss_after": after,
+        }
+        with atomic_write(out_dir / SETTINGS, text=True) as f:  # last: the manifest
+            json.dump(settings, f, indent=1)
     say(f"adapters saved in {out_dir} ({ADAPTERS}, {SETTINGS})")
     return {
         "val_loss_before": before,
@@ -166,6 +159,23 @@ def finetune(
         "wrapped": wrapped,
         "out_dir": str(out_dir),
     }
+
+
+def train_adapters(
+    model: Any, data: TokenDataset, cfg: TrainConfig, lr: float, max_iters: int, say: Any
+) -> None:
+    """``max_iters`` steps of AdamW (no weight decay) on the trainable parameters, with a
+    cosine schedule from ``lr`` to ``lr / 10`` after a warmup of a tenth of the steps."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = AdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), weight_decay=0.0)
+    rng = np.random.default_rng(cfg.seed)
+    model.train()
+    for step in range(max_iters):
+        set_lr(optimizer, cosine_lr(step, lr, lr / 10, max_iters // 10, max_iters))
+        x, y = data.get_batch("train", cfg.batch_size, model.config.block_size, rng)
+        loss = train_step(model, optimizer, x, y, cfg, step + 1)
+        if (step + 1) % max(1, max_iters // 10) == 0:
+            say(f"step {step + 1}/{max_iters}: loss {loss:.4f}")
 
 
 def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, Any, dict]:
@@ -198,22 +208,25 @@ def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, An
     return model, tokenizer, settings
 
 
-def merge(adapters_dir: str | Path, out_dir: str | Path) -> Path:
-    """Fold saved adapters into their base and write a full checkpoint (no optimiser state)."""
-    from decoder.checkpoint import load_checkpoint
+def merge(adapters_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Fold saved adapters into their base and write a full checkpoint (no optimiser state).
 
+    ``out_dir`` is held as decoder.rundir describes: one holding a checkpoint is refused
+    unless ``overwrite``.
+    """
     model, tokenizer, settings = load_adapted(adapters_dir)
     merge_lora(model)
     base = load_checkpoint(settings["base_checkpoint"], with_optimizer=False)
-    return save_checkpoint(
-        out_dir,
-        step=base.step,
-        model_state=model.state_dict(),
-        model_config=base.model_config,
-        train_config=base.train_config,
-        tokenizer=tokenizer.to_dict(),
-        extra={"merged_adapters": str(Path(adapters_dir).resolve()), **settings},
-    )
+    with claim_dir(out_dir, CHECKPOINT_FILES, LATEST, overwrite=overwrite) as out_dir:
+        return save_checkpoint(
+            out_dir,
+            step=base.step,
+            model_state=model.state_dict(),
+            model_config=base.model_config,
+            train_config=base.train_config,
+            tokenizer=tokenizer.to_dict(),
+            extra={"merged_adapters": str(Path(adapters_dir).resolve()), **settings},
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             p.add_argument("--adapters", required=True, help="the --out of a fine-tune")
             p.add_argument("--out", required=True, help="where to write the merged checkpoint")
+            p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
             args = p.parse_args(argv[1:])
-            path = merge(args.adapters, args.out)
+            path = merge(args.adapters, args.out, overwrite=args.overwrite)
             print(f"merged checkpoint written to {path}")
             return 0
         p = argparse.ArgumentParser(
@@ -248,8 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--seed", type=int, default=1337)
         p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
         p.add_argument(
-            "--merge", action="store_true", help="also write a merged checkpoint into OUT/merged"
+            "--merge", action="store_true", help=f"also write a merged checkpoint into OUT/{MERGED}"
         )
+        p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
         args = p.parse_args(argv)
         finetune(
             args.checkpoint,
@@ -265,11 +280,15 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             device=args.device,
             data_path=str(Path(args.data).resolve()),
+            overwrite=args.overwrite,
         )
-        if args.merge:
-            path = merge(args.out, Path(args.out) / "merged")
+        if args.merge:  # subtle: the fine-tune removed an old OUT/merged if it overwrote
+            path = merge(args.out, Path(args.out) / MERGED)
             print(f"merged checkpoint written to {path}")
-    except (CheckpointError, ValueError, KeyError, OSError, FloatingPointError) as e:
+    except TrainingDiverged as e:  # exit 1, as decoder.train
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError, OSError, RuntimeError) as e:  # CheckpointError, RunDirError
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,20 +1,27 @@
-"""Training: the loop, its evaluation, its log and plot, and the command line.
+"""Training: the loop, its log and plot, and the command line.
 
     python -m decoder.train                                  # nanoGPT's CPU Shakespeare run
     python -m decoder.train --preset tiny --max_iters=200    # any config field as --key=value
     python -m decoder.train --out runs/shakespeare-char --resume
 
-One step: sample a batch, forward, backward, clip the gradient's global norm, set the
-learning rate of a cosine schedule with linear warmup, take an AdamW step. Every
-``eval_interval`` steps (and at the end) the model is evaluated on fixed batches of both
-splits, a row goes into ``log.jsonl``, ``loss.png`` is redrawn, and a checkpoint is written
-(see decoder.checkpoint for the directory layout and why it is atomic).
+One step (decoder.step.train_step): sample a batch, forward, backward, clip the gradient's
+global norm, set the learning rate of a cosine schedule with linear warmup, take an AdamW
+step. Every ``eval_interval`` steps (and at the end) the model is evaluated on fixed batches
+of both splits (decoder.step.estimate_loss), a checkpoint is written (see decoder.checkpoint
+for the directory layout and why it is atomic), and only then does a row go into
+``log.jsonl`` and ``loss.png`` get redrawn: the log never claims a step whose checkpoint did
+not land.
+
+The run directory (``--out``) is locked while a run uses it, a new run refuses one that
+holds a previous run unless told ``--resume`` or ``--overwrite``, and a run that fails
+before its first checkpoint removes the directory it created (decoder.rundir).
 
 Reproducibility: the weights, the batches and dropout each draw from a seeded NumPy
 generator, and a checkpoint keeps every generator's state, so a resumed run repeats the
 losses of an uninterrupted one exactly. Evaluation draws from its own generator, reseeded
 at every evaluation, so it never shifts the training batches and always scores the same
-tokens (which also makes evaluations comparable across steps and across runs).
+tokens (which also makes evaluations comparable across steps and across runs). What a
+resume cannot change (the model, the tokenizer, the seed, the dtype) it refuses to change.
 
 Ctrl-C finishes the current step, writes a checkpoint and exits with status 130; a second
 Ctrl-C stops at once. A loss that is NaN or infinite stops the run before the bad step
@@ -31,12 +38,13 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +52,8 @@ import numpy as np
 
 import minigrad as mg
 from decoder.checkpoint import (
+    CHECKPOINT_FILES,
+    LATEST,
     STATE,
     WEIGHTS,
     Checkpoint,
@@ -64,16 +74,18 @@ from decoder.config import (
 )
 from decoder.data import TokenDataset, load_shakespeare, load_text
 from decoder.model import Decoder
+from decoder.rundir import claim_dir
+from decoder.step import TrainingDiverged, estimate_loss, train_step
 from decoder.tokenizer import get_tokenizer
 from minigrad.backend import reuse_freed_memory
 from minigrad.fileio import atomic_write
-from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr, param_groups_for_decay, set_lr
+from minigrad.optim import AdamW, cosine_lr, param_groups_for_decay, set_lr
 
 LOG, PLOT = "log.jsonl", "loss.png"
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
+RUN_FILES = (*CHECKPOINT_FILES, LOG, PLOT)  # what a run writes into its directory
+# Settings a resume cannot change: the tokenizer and the dtype are the checkpoint's, and the
+# seed chose the weights and the evaluation batches (the model's shape is checked apart).
+RESUME_FIXED = ("tokenizer", "bpe_vocab_size", "seed", "dtype")
 
 
 # ---- pieces of the run --------------------------------------------------------------------------
@@ -93,31 +105,85 @@ def text_fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-@mg.no_grad()
-def estimate_loss(
-    model: Decoder, data: TokenDataset, train_cfg: TrainConfig, block_size: int
-) -> dict[str, float]:
-    """Mean loss over ``eval_iters`` batches of each split, in eval mode (no dropout).
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """The learning rate of optimiser step ``step`` (0-based): warmup, then cosine decay."""
+    return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
 
-    The batches come from a generator seeded afresh each time, so every evaluation scores
-    the same tokens and leaves the training generators untouched.
+
+def generators(model: Decoder) -> dict[str, np.random.Generator]:
+    """Every NumPy Generator the model draws from (each Dropout owns one), by a stable name,
+    and minigrad's global one: a checkpoint keeps all of their states."""
+    found = {"minigrad": mg.default_rng()}
+    for name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, np.random.Generator):
+                found[f"{name}.{attr}" if name else attr] = value
+    return found
+
+
+def _differences(a: Any, b: Any, names: tuple[str, ...] | None = None) -> list[str]:
+    """The fields (of ``names``, or all) in which two configs of one class differ, as
+    "name: a -> b"."""
+    return [
+        f"{f.name}: {getattr(a, f.name)!r} -> {getattr(b, f.name)!r}"
+        for f in dataclasses.fields(a)
+        if (names is None or f.name in names) and getattr(a, f.name) != getattr(b, f.name)
+    ]
+
+
+def _check_resume(
+    ckpt: Checkpoint, model_cfg: ModelConfig, train_cfg: TrainConfig, fingerprint: str
+) -> None:
+    """Refuse to resume a run on other text, with another model, or with a setting a resume
+    cannot change, naming the difference."""
+    if ckpt.extra.get("data_sha256") not in (None, fingerprint):
+        raise CheckpointError(
+            f"{ckpt.path}: this run was trained on other text (hash "
+            f"{ckpt.extra['data_sha256']}, file {ckpt.extra.get('data_path')}); resume "
+            f"with the same --data, or start a new run with another --out"
+        )
+    changed = _differences(ckpt.model_config, model_cfg)
+    if changed:
+        raise CheckpointError(
+            f"{ckpt.path}: the checkpoint's model differs from the one asked for "
+            f"({'; '.join(changed)}): resume with the run's own settings, or start a new run "
+            f"with another --out"
+        )
+    fixed = _differences(ckpt.train_config, train_cfg, RESUME_FIXED)
+    if fixed:
+        raise CheckpointError(
+            f"{ckpt.path}: a resume cannot change {'; '.join(fixed)} (the run keeps its "
+            f"tokenizer, seed and dtype): drop those settings, or start a new run with "
+            f"another --out"
+        )
+
+
+def sample_prompt(tokenizer: Any, train_cfg: TrainConfig, data: TokenDataset) -> str:
+    """The prompt of the sample printed at the end, checked now, before any training.
+
+    The default prompt, a newline, becomes the text's first token where the vocabulary has
+    no newline (a character-level text without one); any other prompt must be writable in
+    the vocabulary, or the error names the characters that are not.
     """
-    model.eval()
-    losses = {}
-    for i, split in enumerate(("train", "val")):
-        rng = np.random.default_rng([train_cfg.seed, 1 + i])  # subtle: never the batch rng
-        total = 0.0
-        for _ in range(train_cfg.eval_iters):
-            x, y = data.get_batch(split, train_cfg.batch_size, block_size, rng)
-            _, loss = model(
-                mg.Tensor(x, device=train_cfg.device), mg.Tensor(y, device=train_cfg.device)
-            )
-            total += loss.item()
-        losses[split] = total / train_cfg.eval_iters
-    model.train()
-    return losses
+    prompt = train_cfg.sample_prompt
+    if prompt == TrainConfig.sample_prompt:
+        with contextlib.suppress(ValueError):
+            tokenizer.encode(prompt)
+            return prompt
+        return tokenizer.decode([int(data.ids[0])])
+    try:
+        ids = tokenizer.encode(prompt)
+    except ValueError as e:
+        raise ValueError(
+            f"--sample_prompt={prompt!r} cannot be written with this run's tokenizer: {e}; "
+            f"choose a prompt from the text's own characters, or --sample_tokens=0"
+        ) from None
+    if not ids:
+        raise ValueError("--sample_prompt is empty: give at least one character")
+    return prompt
 
 
+# ---- the log and the plot -----------------------------------------------------------------------
 def append_log(out_dir: Path, row: dict) -> None:
     """Add one evaluation's row to ``log.jsonl``."""
     with open(out_dir / LOG, "a", encoding="utf-8") as f:
@@ -125,10 +191,38 @@ def append_log(out_dir: Path, row: dict) -> None:
 
 
 def read_log(out_dir: Path) -> list[dict]:
+    """The rows of ``log.jsonl`` (none if it is missing).
+
+    The log is only ever appended to, so a last line without its newline is a write that a
+    crash or a full disk cut short: it is dropped with a warning. Any other damage is an
+    error naming the file and the line.
+    """
     path = out_dir / LOG
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    lines = path.read_bytes().split(b"\n")  # the last item is b"" after a final newline
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not an object with an integer 'step'")
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            if number == len(lines):
+                warnings.warn(
+                    f"{path}: dropped its last line, a row whose writing was cut short "
+                    f"({len(line)} bytes, no newline)",
+                    stacklevel=2,
+                )
+                break
+            raise ValueError(
+                f"{path}, line {number}: not a log row ({e}); delete that line (the log is "
+                f"only read to draw the plot and to carry the rows over on a resume)"
+            ) from None
+        rows.append(row)
+    return rows
 
 
 def plot_losses(out_dir: Path, title: str = "") -> None:
@@ -150,6 +244,274 @@ def plot_losses(out_dir: Path, title: str = "") -> None:
     fig.tight_layout()
     with atomic_write(out_dir / PLOT) as f:  # a viewer never sees a half-drawn file
         fig.savefig(f, format="png")
+
+
+# ---- a run: its state, its start, its checkpoints and evaluations -------------------------------
+@dataclass
+class Run:
+    """What a training run holds between steps."""
+
+    out_dir: Path
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    model: Decoder
+    optimizer: AdamW
+    tokenizer: Any
+    data: TokenDataset
+    rngs: dict[str, np.random.Generator]  # the batches' generator and the model's
+    extra: dict  # kept in each checkpoint: the text's hash and path
+    step: int = 0  # optimiser steps done
+    elapsed: float = 0.0  # seconds of training steps, over every resume
+    saved_step: int | None = None  # the step of the newest checkpoint on disk
+    losses: dict[str, float] = field(default_factory=dict)  # the last evaluation's
+
+    def kept(self) -> str:
+        """What a run that stops now leaves behind, for error messages."""
+        if self.saved_step is None:
+            return "no checkpoint was written"
+        return f"the checkpoint of step {self.saved_step} in {self.out_dir} is kept"
+
+
+def start_run(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    text: str,
+    out_dir: Path,
+    resume: bool,
+    data_path: str | None,
+    say: Any = print,
+) -> Run:
+    """Build the tokenizer, data, model and optimiser, from the checkpoint in ``out_dir``
+    when resuming (after checking it belongs to this text and these settings)."""
+    fingerprint = text_fingerprint(text)
+    ckpt = load_checkpoint(out_dir) if resume else None
+    tokenizer = build_tokenizer(ckpt) if ckpt else make_tokenizer(train_cfg, text)
+    model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
+    if ckpt is not None:
+        _check_resume(ckpt, model_cfg, train_cfg, fingerprint)
+
+    # The data: 90% of the tokens to train on, the rest to validate (ids cached on disk).
+    data = TokenDataset.from_text(text, tokenizer)
+
+    # The model and optimiser. The global generator seeds the weights and each Dropout's own.
+    mg.manual_seed(train_cfg.seed)
+    model = Decoder(model_cfg)
+    if train_cfg.dtype == "float64":
+        model.double()
+    model.to(train_cfg.device)
+    model.train()
+    optimizer = AdamW(
+        param_groups_for_decay(model, train_cfg.weight_decay),
+        lr=train_cfg.lr,
+        betas=(train_cfg.beta1, train_cfg.beta2),
+        weight_decay=train_cfg.weight_decay,
+    )
+    run = Run(
+        out_dir=out_dir,
+        model_cfg=model_cfg,
+        train_cfg=train_cfg,
+        model=model,
+        optimizer=optimizer,
+        tokenizer=tokenizer,
+        data=data,
+        rngs={"batches": np.random.default_rng(train_cfg.seed), **generators(model)},
+        extra={"data_sha256": fingerprint, "data_path": data_path},
+    )
+    if ckpt is None:
+        say(f"training {model.num_parameters():,} parameters; the run directory is {out_dir}")
+        return run
+    changed = _differences(ckpt.train_config, train_cfg)
+    if changed:
+        say("note: resuming with changed settings: " + "; ".join(changed))
+    _restore(run, ckpt)
+    say(f"resuming {out_dir} from step {run.step}")
+    return run
+
+
+def _restore(run: Run, ckpt: Checkpoint) -> None:
+    """Put the checkpoint's weights, optimiser state, generators and step into ``run``."""
+    check_weights(ckpt.weights, run.model.state_dict(), ckpt.path / WEIGHTS)
+    run.model.load_state_dict(ckpt.weights)
+    run.optimizer.load_state_dict(ckpt.optimizer)
+    missing = sorted(set(run.rngs) - set(ckpt.rng))
+    if missing:
+        raise CheckpointError(f"{ckpt.path / STATE}: no state for the generators {missing}")
+    for name, rng in run.rngs.items():
+        rng.bit_generator.state = ckpt.rng[name]  # subtle: in place: the model holds them
+    run.step = run.saved_step = ckpt.step
+    run.elapsed = ckpt.extra.get("elapsed_s", 0.0)
+    # keep the log rows up to the checkpoint (a run that died later may have written more)
+    rows = [r for r in read_log(run.out_dir) if r["step"] <= run.step]
+    with atomic_write(run.out_dir / LOG, text=True) as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    if rows:
+        run.losses = {"train": rows[-1]["train_loss"], "val": rows[-1]["val_loss"]}
+
+
+def save(run: Run) -> None:
+    """Write a checkpoint of the run as it is now."""
+    save_checkpoint(
+        run.out_dir,
+        step=run.step,
+        model_state=run.model.state_dict(),
+        model_config=run.model_cfg,
+        train_config=run.train_cfg,
+        tokenizer=run.tokenizer.to_dict(),
+        optimizer_state=run.optimizer.state_dict(),
+        rng={name: rng.bit_generator.state for name, rng in run.rngs.items()},
+        extra={**run.extra, "elapsed_s": run.elapsed},
+    )
+    run.saved_step = run.step
+
+
+def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:
+    """Score both splits, write a checkpoint, and only then log the row and redraw the plot."""
+    run.losses = estimate_loss(run.model, run.data, run.train_cfg, run.model_cfg.block_size)
+    if checkpoint:
+        save(run)
+    row = {
+        "step": run.step,
+        "train_loss": run.losses["train"],
+        "val_loss": run.losses["val"],
+        "lr": lr_at(max(run.step - 1, 0), run.train_cfg),
+        "tokens_per_s": tokens_per_s,
+        "time": run.elapsed,
+    }
+    append_log(run.out_dir, row)
+    plot_losses(run.out_dir, title=f"{run.model.num_parameters():,} parameters")
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+def train(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    text: str,
+    out_dir: str | os.PathLike,
+    resume: bool = False,
+    progress: bool = True,
+    until: int | None = None,
+    data_path: str | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Train a Decoder on ``text``, writing checkpoints, log and plot into ``out_dir``.
+
+    ``resume`` continues from the checkpoint in ``out_dir`` (the model config and the
+    settings in RESUME_FIXED must match it; other train-config changes are reported and
+    used). Without it, a directory holding a previous run is refused unless ``overwrite``
+    (which removes that run's files). ``until`` stops after that many steps as if interrupted
+    (checkpoint, then return): a run can be split in pieces. ``data_path`` is only recorded,
+    so that ``--resume`` can find the text again. ``progress=False`` prints nothing (no bar,
+    no sample).
+
+    Returns the last evaluation's losses, training throughput and per-step losses:
+    ``{"step", "train_loss", "val_loss", "tokens_per_s", "time_s", "losses", "out_dir"}``.
+    Raises TrainingDiverged on a NaN or infinite loss, KeyboardInterrupt (after saving) on
+    Ctrl-C, and RunDirError when ``out_dir`` is in use or holds a run it may not replace.
+    """
+    if train_cfg.warmup_iters > train_cfg.lr_decay_iters:
+        raise ValueError(
+            f"warmup_iters={train_cfg.warmup_iters} is longer than lr_decay_iters="
+            f"{train_cfg.lr_decay_iters} (which defaults to max_iters): lower --warmup_iters too"
+        )
+    reuse_freed_memory()  # each step frees and reallocates the same arrays: keep the pages
+    say = print if progress else (lambda *a, **k: None)
+    claim = claim_dir(out_dir, RUN_FILES, LATEST, resume=resume, overwrite=overwrite)
+    with claim as out_dir:
+        run = start_run(model_cfg, train_cfg, text, out_dir, resume, data_path, say)
+        show_sample = progress and train_cfg.sample_tokens > 0
+        prompt = sample_prompt(run.tokenizer, train_cfg, run.data) if show_sample else ""
+        losses, tokens_per_s = loop(run, until, progress)
+    result = {
+        "step": run.step,
+        "train_loss": run.losses.get("train", float("nan")),
+        "val_loss": run.losses.get("val", float("nan")),
+        "tokens_per_s": tokens_per_s,
+        "time_s": run.elapsed,
+        "losses": losses,
+        "out_dir": str(out_dir),
+    }
+    if show_sample and run.step == train_cfg.max_iters:
+        from decoder.generate import print_sample
+
+        print("\n---- a sample ----")
+        print_sample(
+            run.model,
+            run.tokenizer,
+            prompt,
+            train_cfg.sample_tokens,
+            temperature=0.8,
+            seed=train_cfg.seed,
+        )
+        print("------------------")
+    say(
+        f"step {run.step}: val loss {result['val_loss']:.4f}, {result['tokens_per_s']:,.0f} "
+        f"tokens/s; the run directory is {out_dir} (sample from it with: python -m "
+        f"decoder.generate --checkpoint {out_dir})"
+    )
+    return result
+
+
+def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], float]:
+    """Train from ``run.step`` to ``max_iters`` (or ``until``), evaluating and saving on
+    schedule; returns this call's per-step losses and its training tokens per second."""
+    cfg = run.train_cfg
+    B, T = cfg.batch_size, run.model_cfg.block_size
+    losses: list[float] = []
+    train_time, interval_time, interval_steps = 0.0, 0.0, 0  # for tokens/s
+    if run.step == 0:
+        evaluate(run, 0.0, checkpoint=False)  # the curve's start: about ln(vocab_size)
+    bar = _progress_bar(progress, run.step, cfg.max_iters)
+    with _deferred_sigint() as interrupt:
+        try:
+            while run.step < cfg.max_iters:
+                t0 = time.perf_counter()
+                lr = lr_at(run.step, cfg)
+                set_lr(run.optimizer, lr)
+                x, y = run.data.get_batch("train", B, T, run.rngs["batches"])
+                losses.append(train_step(run.model, run.optimizer, x, y, cfg, run.step + 1))
+                run.step += 1
+
+                dt = time.perf_counter() - t0
+                run.elapsed += dt
+                train_time += dt
+                interval_time += dt
+                interval_steps += 1
+                tokens_per_s = B * T * interval_steps / interval_time
+                if run.step % cfg.log_interval == 0:
+                    bar.set_postfix(
+                        loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_s:,.0f}", lr=f"{lr:.2e}"
+                    )
+                bar.update(1)
+
+                if run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters:
+                    evaluate(run, tokens_per_s)
+                    interval_time, interval_steps = 0.0, 0
+                    bar.write(
+                        f"step {run.step}: train loss {run.losses['train']:.4f}, "
+                        f"val loss {run.losses['val']:.4f}"
+                    )
+                if interrupt.requested or run.step == until:
+                    if run.saved_step != run.step:
+                        save(run)
+                    if interrupt.requested:
+                        raise KeyboardInterrupt
+                    break
+        except TrainingDiverged as e:
+            raise TrainingDiverged(f"{e}; {run.kept()}") from None
+        except KeyboardInterrupt:
+            bar.close()
+            if run.saved_step == run.step:
+                print(
+                    f"\ninterrupted at step {run.step}: checkpoint saved in {run.out_dir}\n"
+                    f"resume with: python -m decoder.train --out {run.out_dir} --resume",
+                    file=sys.stderr,
+                )
+            else:  # a second Ctrl-C, in the middle of a step: nothing consistent to save
+                print(f"\nstopped at once: {run.kept()}", file=sys.stderr)
+            raise
+        finally:
+            bar.close()
+    return losses, B * T * len(losses) / train_time if train_time > 0 else 0.0
 
 
 class _Interrupt:
@@ -175,269 +537,6 @@ def _deferred_sigint() -> Iterator[_Interrupt]:
         yield flag
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def generators(model: Decoder) -> dict[str, np.random.Generator]:
-    """Every NumPy Generator the model draws from (each Dropout owns one), by a stable name,
-    and minigrad's global one: a checkpoint keeps all of their states."""
-    found = {"minigrad": mg.default_rng()}
-    for name, module in model.named_modules():
-        for attr, value in vars(module).items():
-            if isinstance(value, np.random.Generator):
-                found[f"{name}.{attr}" if name else attr] = value
-    return found
-
-
-def _rng_states(rngs: dict[str, np.random.Generator]) -> dict[str, dict]:
-    return {name: rng.bit_generator.state for name, rng in rngs.items()}
-
-
-def _differences(a: Any, b: Any) -> list[str]:
-    """The fields in which two configs of one class differ, as "name: a -> b"."""
-    return [
-        f"{f.name}: {getattr(a, f.name)!r} -> {getattr(b, f.name)!r}"
-        for f in dataclasses.fields(a)
-        if getattr(a, f.name) != getattr(b, f.name)
-    ]
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """The learning rate of optimiser step ``step`` (0-based): warmup, then cosine decay."""
-    return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
-
-
-def _check_resume(ckpt: Checkpoint, model_cfg: ModelConfig, fingerprint: str) -> None:
-    """Refuse to resume a run on other text or with another model, naming the difference."""
-    if ckpt.extra.get("data_sha256") not in (None, fingerprint):
-        raise CheckpointError(
-            f"{ckpt.path}: this run was trained on other text (hash "
-            f"{ckpt.extra['data_sha256']}, file {ckpt.extra.get('data_path')}); resume "
-            f"with the same --data, or start a new run with another --out"
-        )
-    if model_cfg != ckpt.model_config:
-        changed = "; ".join(_differences(ckpt.model_config, model_cfg))
-        raise CheckpointError(
-            f"{ckpt.path}: the checkpoint's model differs from the one asked for ({changed}): "
-            f"resume with the run's own settings, or start a new run with another --out"
-        )
-
-
-# ---- the loop -----------------------------------------------------------------------------------
-def train(
-    model_cfg: ModelConfig,
-    train_cfg: TrainConfig,
-    text: str,
-    out_dir: str | os.PathLike,
-    resume: bool = False,
-    progress: bool = True,
-    until: int | None = None,
-    data_path: str | None = None,
-) -> dict[str, Any]:
-    """Train a Decoder on ``text``, writing checkpoints, log and plot into ``out_dir``.
-
-    ``resume`` continues from the checkpoint in ``out_dir`` (the model config must match it;
-    train-config changes are reported and used). ``until`` stops after that many steps as
-    if interrupted (checkpoint, then return): a run can be split in pieces. ``data_path`` is
-    only recorded, so that ``--resume`` can find the text again. ``progress=False`` prints
-    nothing (no bar, no sample).
-
-    Returns the last evaluation's losses, training throughput and per-step losses:
-    ``{"step", "train_loss", "val_loss", "tokens_per_s", "time_s", "losses", "out_dir"}``.
-    Raises TrainingDiverged on a NaN or infinite loss and KeyboardInterrupt (after saving)
-    on Ctrl-C.
-    """
-    if train_cfg.warmup_iters > train_cfg.lr_decay_iters:
-        raise ValueError(
-            f"warmup_iters={train_cfg.warmup_iters} is longer than lr_decay_iters="
-            f"{train_cfg.lr_decay_iters} (which defaults to max_iters): lower --warmup_iters too"
-        )
-    reuse_freed_memory()  # each step frees and reallocates the same arrays: keep the pages
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    say = print if progress else (lambda *a, **k: None)
-    fingerprint = text_fingerprint(text)
-    ckpt = load_checkpoint(out_dir) if resume else None
-    tokenizer = build_tokenizer(ckpt) if ckpt else make_tokenizer(train_cfg, text)
-    model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
-    if ckpt is not None:
-        _check_resume(ckpt, model_cfg, fingerprint)
-        changed = _differences(ckpt.train_config, train_cfg)
-        if changed:
-            say("note: resuming with changed settings: " + "; ".join(changed))
-
-    # The data: 90% of the tokens to train on, the rest to validate (ids cached on disk).
-    data = TokenDataset.from_text(text, tokenizer)
-    B, T, device = train_cfg.batch_size, model_cfg.block_size, train_cfg.device
-
-    # The model and optimiser. The global generator seeds the weights and each Dropout's own.
-    mg.manual_seed(train_cfg.seed)
-    model = Decoder(model_cfg)
-    if train_cfg.dtype == "float64":
-        model.double()
-    model.to(device)
-    model.train()
-    optimizer = AdamW(
-        param_groups_for_decay(model, train_cfg.weight_decay),
-        lr=train_cfg.lr,
-        betas=(train_cfg.beta1, train_cfg.beta2),
-        weight_decay=train_cfg.weight_decay,
-    )
-    params = [p for p in model.parameters() if p.requires_grad]
-    rngs = {"batches": np.random.default_rng(train_cfg.seed), **generators(model)}
-
-    step, elapsed, losses = 0, 0.0, {}
-    if ckpt is not None:
-        check_weights(ckpt.weights, model.state_dict(), ckpt.path / WEIGHTS)
-        model.load_state_dict(ckpt.weights)
-        optimizer.load_state_dict(ckpt.optimizer)
-        missing = sorted(set(rngs) - set(ckpt.rng))
-        if missing:
-            raise CheckpointError(f"{ckpt.path / STATE}: no state for the generators {missing}")
-        for name, rng in rngs.items():
-            rng.bit_generator.state = ckpt.rng[name]  # subtle: in place: the model holds them
-        step, elapsed = ckpt.step, ckpt.extra.get("elapsed_s", 0.0)
-        # keep the log rows up to the checkpoint (a run that died later wrote more)
-        rows = [r for r in read_log(out_dir) if r["step"] <= step]
-        (out_dir / LOG).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-        if rows:
-            losses = {"train": rows[-1]["train_loss"], "val": rows[-1]["val_loss"]}
-        say(f"resuming {out_dir} from step {step}")
-    else:
-        (out_dir / LOG).unlink(missing_ok=True)
-        say(f"training {model.num_parameters():,} parameters; the run directory is {out_dir}")
-
-    def checkpoint() -> None:
-        save_checkpoint(
-            out_dir,
-            step=step,
-            model_state=model.state_dict(),
-            model_config=model_cfg,
-            train_config=train_cfg,
-            tokenizer=tokenizer.to_dict(),
-            optimizer_state=optimizer.state_dict(),
-            rng=_rng_states(rngs),
-            extra={"data_sha256": fingerprint, "data_path": data_path, "elapsed_s": elapsed},
-        )
-
-    def evaluate(tokens_per_s: float) -> dict[str, float]:
-        """Score both splits, log a row, redraw the plot."""
-        est = estimate_loss(model, data, train_cfg, T)
-        row = {
-            "step": step,
-            "train_loss": est["train"],
-            "val_loss": est["val"],
-            "lr": lr_at(max(step - 1, 0), train_cfg),
-            "tokens_per_s": tokens_per_s,
-            "time": elapsed,
-        }
-        append_log(out_dir, row)
-        plot_losses(out_dir, title=f"{model.num_parameters():,} parameters")
-        return est
-
-    def kept(saved_step: int | None) -> str:
-        if saved_step is None:
-            return "no checkpoint was written"
-        return f"the checkpoint of step {saved_step} in {out_dir} is kept"
-
-    if step == 0:
-        losses = evaluate(0.0)  # the starting point of the curve: about ln(vocab_size)
-    step_losses: list[float] = []  # this call's training losses, one per step
-    train_time, interval_time, interval_steps = 0.0, 0.0, 0  # for tokens/s
-    last_saved = step if ckpt is not None else None
-    bar = _progress_bar(progress, step, train_cfg.max_iters)
-    with _deferred_sigint() as interrupt:
-        try:
-            while step < train_cfg.max_iters:
-                t0 = time.perf_counter()
-                lr = lr_at(step, train_cfg)
-                set_lr(optimizer, lr)
-                x, y = data.get_batch("train", B, T, rngs["batches"])
-                _, loss = model(mg.Tensor(x, device=device), mg.Tensor(y, device=device))
-                loss_value = loss.item()
-                if not math.isfinite(loss_value):
-                    raise TrainingDiverged(
-                        f"the loss is {loss_value} at step {step + 1}: training stopped before "
-                        f"that step changed the weights; {kept(last_saved)}. Try a lower --lr "
-                        f"or a longer warmup."
-                    )
-                optimizer.zero_grad()
-                loss.backward()
-                if train_cfg.grad_clip > 0:
-                    clip_grad_norm_(params, train_cfg.grad_clip)
-                optimizer.step()
-                step += 1
-
-                dt = time.perf_counter() - t0
-                elapsed += dt
-                train_time += dt
-                interval_time += dt
-                interval_steps += 1
-                step_losses.append(loss_value)
-                tokens_per_s = B * T * interval_steps / interval_time
-                if step % train_cfg.log_interval == 0:
-                    bar.set_postfix(
-                        loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_s:,.0f}", lr=f"{lr:.2e}"
-                    )
-                bar.update(1)
-
-                if step % train_cfg.eval_interval == 0 or step == train_cfg.max_iters:
-                    losses = evaluate(tokens_per_s)
-                    interval_time, interval_steps = 0.0, 0
-                    checkpoint()
-                    last_saved = step
-                    bar.write(
-                        f"step {step}: train loss {losses['train']:.4f}, "
-                        f"val loss {losses['val']:.4f}"
-                    )
-                if interrupt.requested or step == until:
-                    if last_saved != step:
-                        checkpoint()
-                        last_saved = step
-                    if interrupt.requested:
-                        raise KeyboardInterrupt
-                    break
-        except KeyboardInterrupt:
-            bar.close()
-            if last_saved == step:
-                print(
-                    f"\ninterrupted at step {step}: checkpoint saved in {out_dir}\n"
-                    f"resume with: python -m decoder.train --out {out_dir} --resume",
-                    file=sys.stderr,
-                )
-            else:  # a second Ctrl-C, in the middle of a step: nothing consistent to save
-                print(f"\nstopped at once: {kept(last_saved)}", file=sys.stderr)
-            raise
-        finally:
-            bar.close()
-
-    result = {
-        "step": step,
-        "train_loss": losses.get("train", float("nan")),
-        "val_loss": losses.get("val", float("nan")),
-        "tokens_per_s": B * T * len(step_losses) / train_time if train_time > 0 else 0.0,
-        "time_s": elapsed,
-        "losses": step_losses,
-        "out_dir": str(out_dir),
-    }
-    if progress and train_cfg.sample_tokens > 0 and step == train_cfg.max_iters:
-        from decoder.generate import print_sample
-
-        print("\n---- a sample ----")
-        print_sample(
-            model,
-            tokenizer,
-            train_cfg.sample_prompt,
-            train_cfg.sample_tokens,
-            temperature=0.8,
-            seed=train_cfg.seed,
-        )
-        print("------------------")
-    say(
-        f"step {step}: val loss {result['val_loss']:.4f}, {result['tokens_per_s']:,.0f} "
-        f"tokens/s; the run directory is {out_dir} (sample from it with: python -m "
-        f"decoder.generate --checkpoint {out_dir})"
-    )
-    return result
 
 
 def _progress_bar(enabled: bool, start: int, total: int) -> Any:
@@ -489,11 +588,35 @@ def list_presets() -> str:
     return "\n".join(lines)
 
 
-def _shakespeare() -> str:
-    try:
-        return load_shakespeare()
-    except RuntimeError as e:  # no network and no cached copy: the message says what to do
-        raise OSError(str(e)) from e
+def resume_configs(
+    out_dir: Path, preset: str | None, overrides: dict[str, str]
+) -> tuple[ModelConfig, TrainConfig, Checkpoint]:
+    """The configs of the run in ``out_dir`` with ``overrides`` applied, and its checkpoint.
+
+    A ``preset`` given with a resume must build the run's own model: a resume cannot change
+    the model, so a preset that would is refused rather than ignored.
+    """
+    if not has_checkpoint(out_dir):
+        raise CheckpointError(f"{out_dir}: no checkpoint to resume from (no '{LATEST}' file)")
+    saved = load_checkpoint(out_dir, with_optimizer=False)
+    if preset is not None:
+        asked, _ = build_configs(preset, overrides)
+        asked = dataclasses.replace(asked, vocab_size=saved.model_config.vocab_size)
+        changed = _differences(saved.model_config, asked)
+        if changed:
+            raise CheckpointError(
+                f"{out_dir}: --preset {preset} builds another model than the run's "
+                f"({'; '.join(changed)}), and a resume cannot change the model: drop --preset"
+            )
+    # the run's own settings, except those given now
+    kept = {
+        k: v
+        for cfg in (saved.model_config, saved.train_config)
+        for k, v in dataclasses.asdict(cfg).items()
+        if k not in overrides
+    }
+    model_cfg, train_cfg = build_configs(preset or DEFAULT_PRESET, overrides, **kept)
+    return model_cfg, train_cfg, saved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -507,11 +630,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
     p.add_argument("--data", default=None, help="a UTF-8 text file (default: tiny Shakespeare)")
     p.add_argument("--out", default=None, help="the run directory (default: runs/<preset>)")
-    p.add_argument(
+    again = p.add_mutually_exclusive_group()
+    again.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --out with its saved settings; settings given alongside "
         "replace those (e.g. --max_iters=4000 to go on longer)",
+    )
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run in --out (without it, a new run refuses a directory that holds one)",
     )
     p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="same as --device=")
     args, rest = p.parse_known_args(argv)
@@ -522,34 +651,31 @@ def main(argv: list[str] | None = None) -> int:
         overrides = parse_overrides(rest)
         if args.device is not None:
             overrides["device"] = args.device
-        preset = args.preset or DEFAULT_PRESET
-        out_dir = Path(args.out or Path("runs") / preset)
+        out_dir = Path(args.out or Path("runs") / (args.preset or DEFAULT_PRESET))
         data_path = str(Path(args.data).resolve()) if args.data else None
         if args.resume:
-            if not has_checkpoint(out_dir):
-                raise CheckpointError(f"{out_dir}: no checkpoint to resume from (no 'latest' file)")
-            saved = load_checkpoint(out_dir, with_optimizer=False)
-            # the run's own settings, except those given now
-            kept = {
-                k: v
-                for cfg in (saved.model_config, saved.train_config)
-                for k, v in dataclasses.asdict(cfg).items()
-                if k not in overrides
-            }
-            model_cfg, train_cfg = build_configs(preset, overrides, **kept)
+            model_cfg, train_cfg, saved = resume_configs(out_dir, args.preset, overrides)
             data_path = data_path or saved.extra.get("data_path")
         else:
-            model_cfg, train_cfg = build_configs(preset, overrides)
+            model_cfg, train_cfg = build_configs(args.preset or DEFAULT_PRESET, overrides)
         train_cfg = device_or_cpu(train_cfg, requested="device" in overrides)
-        text = load_text(data_path) if data_path else _shakespeare()
-        train(model_cfg, train_cfg, text, out_dir, resume=args.resume, data_path=data_path)
+        text = load_text(data_path) if data_path else load_shakespeare()
+        train(
+            model_cfg,
+            train_cfg,
+            text,
+            out_dir,
+            resume=args.resume,
+            data_path=data_path,
+            overwrite=args.overwrite,
+        )
     except KeyboardInterrupt:
         return 130
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except (ValueError, CheckpointError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, OSError, RuntimeError) as e:  # CheckpointError, RunDirError, and
+        print(f"error: {e}", file=sys.stderr)  # load_shakespeare offline: RuntimeErrors
         return 2
     return 0
 

@@ -1,0 +1,151 @@
+"""Output directories that one run at a time writes, and that no run replaces by accident.
+
+``claim_dir`` wraps a run's whole life (training, fine-tuning, merging) and does four things:
+
+- It takes an OS lock on ``DIR/.lock`` (``fcntl.flock``), so a second run on the same
+  directory stops at once with an error naming the holder (its pid, host and start time,
+  written into the lock file). The OS drops the lock when the process ends, however it ends:
+  a crashed run never leaves a stale lock behind.
+- It refuses a directory holding a previous run's outputs unless the caller resumes that run
+  or asks to overwrite it; overwriting removes those outputs first, so that no old log row
+  or checkpoint mixes with the new run's.
+- If it created the directory and the run fails before its result exists (a failed start),
+  it removes what it created, and never anything that was there before.
+- It removes the lock file when the run ends.
+
+Why a lock file and not the directory itself: the file holds the holder's details. Removing
+it is safe because a run that locks a file checks that the name still leads to the file it
+locked, and tries again if the holder removed it in between.
+
+Left out on purpose: waiting for the lock (two runs on one directory is a mistake to report,
+not a queue), locks over NFS (flock there is only as good as the server's), and Windows
+(no ``fcntl``: the directory is used unlocked there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+LOCK = ".lock"
+
+
+class RunDirError(RuntimeError):
+    """An output directory that this run may not use: another run holds it, or it holds a
+    previous run's outputs that this run would replace."""
+
+
+@contextlib.contextmanager
+def claim_dir(
+    path: str | os.PathLike,
+    outputs: Sequence[str],
+    result: str,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> Iterator[Path]:
+    """Hold ``path`` for one run, as the module docstring describes; yields it as a Path.
+
+    ``outputs`` are the names (or glob patterns) a run of this kind writes into the
+    directory; ``result`` is the one whose existence means the run left something usable.
+    With ``resume`` the previous outputs are expected; with ``overwrite`` they are removed.
+    """
+    path = Path(path)
+    created = _first_missing(path)
+    path.mkdir(parents=True, exist_ok=True)
+    with _locked(path / LOCK):
+        if not resume:
+            _clear_previous(path, outputs, overwrite)
+        try:
+            yield path
+        except BaseException:  # Ctrl-C too
+            if created is not None and not (path / result).exists():
+                shutil.rmtree(created, ignore_errors=True)  # a failed start: all of it ours
+            raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (mkdir would create it)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def _clear_previous(path: Path, outputs: Sequence[str], overwrite: bool) -> None:
+    found = sorted(p for p in os.listdir(path) if any(fnmatch.fnmatch(p, o) for o in outputs))
+    if not found:
+        return
+    if not overwrite:
+        raise RunDirError(
+            f"{path} holds a previous run ({', '.join(found)}): pass --resume to continue "
+            f"it, --overwrite to replace it, or another --out"
+        )
+    for name in found:
+        target = path / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (created if missing) with our details in it."""
+    if fcntl is None:
+        yield
+        return
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe_holder(fd)
+            os.close(fd)
+            raise RunDirError(
+                f"{lock_path.parent} is in use by another run ({holder}); wait for it to "
+                f"finish, stop it, or choose another --out"
+            ) from None
+        try:
+            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # subtle: the holder removed the file as we locked it: lock the new one
+    try:
+        details = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now()}
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(details) + "\n").encode("utf-8"))
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # while still locked: see the loop above
+        os.close(fd)  # releases the lock
+
+
+def _describe_holder(fd: int) -> str:
+    """The holder's details from its lock file, as "pid 12, host h, started ..." ."""
+    try:
+        details = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        return f"pid {details['pid']} on {details['host']}, started {details['started']}"
+    except (OSError, ValueError, KeyError, TypeError):  # it has not written them yet
+        return "its details are not written yet"
+
+
+def _now() -> str:
+    """The local time with its UTC offset, as "2026-11-24 03:14:15 +0000"."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %z")

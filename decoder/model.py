@@ -42,7 +42,7 @@ from decoder.config import ModelConfig
 from decoder.positional import LearnedPositions, SinusoidalPositions
 from minigrad import functional as F
 from minigrad.autograd import no_grad
-from minigrad.backend import to_numpy
+from minigrad.backend import device_of, to_numpy
 from minigrad.nn import (
     INIT_STD,
     Dropout,
@@ -148,7 +148,9 @@ class Decoder(Module):
                 f"wrap it as [ids] (or ids[None])"
             )
         V = self.config.vocab_size
-        if check_range and data.size:
+        # subtle: host ids only: the embedding lookup checks ids on the device, and checking
+        # them here as well would copy two more numbers to the host at every step
+        if check_range and data.size and device_of(data) == "cpu":
             lo, hi = int(data.min()), int(data.max())
             if lo < 0 or hi >= V:
                 raise ValueError(

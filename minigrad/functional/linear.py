@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from minigrad.autograd import Function
-from minigrad.backend import scatter_add, xp_of
+from minigrad.backend import scatter_add, to_numpy, xp_of
 from minigrad.functional.inputs import as_index_array
 from minigrad.functional.rows import as_rows
 from minigrad.tensor import Tensor
@@ -113,7 +113,9 @@ def embedding(ids: Any, weight: Tensor) -> Tensor:
     ids = as_index_array(ids, weight.data, "embedding", "ids")
     n_rows = weight.shape[0]
     if ids.size:
-        lo, hi = int(ids.min()), int(ids.max())  # subtle: NumPy would read ids < 0 from the end
+        # subtle: NumPy would read ids < 0 from the end, CuPy would wrap any id around
+        extremes = xp_of(ids).stack([ids.min(), ids.max()])
+        lo, hi = to_numpy(extremes).tolist()  # one copy to the host (a GPU sync), not two
         if lo < 0 or hi >= n_rows:
             bad = lo if lo < 0 else hi
             raise ValueError(

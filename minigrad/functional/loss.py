@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
 from minigrad.functional.inputs import as_index_array, check_floating
@@ -47,9 +45,10 @@ class CrossEntropy(Function):
         # subtle: ignored rows point at class 0, so indexing is safe; their weight 0 drops them
         cols = xp.where(keep, targets, 0).reshape(-1)  # (...) -> (N,)
         weight = keep.reshape(-1).astype(x.dtype)
-        n_kept = int(keep.sum()) if reduction == "mean" else 0
         if reduction == "mean":
-            weight /= max(n_kept, 1)
+            # subtle: the count stays on the device: int(keep.sum()) would sync a GPU each step
+            n_kept = weight.sum()  # a 0-d array, exact below 2^24 rows
+            weight /= xp.maximum(n_kept, 1)
 
         p = x - x.max(axis=1, keepdims=True)  # shifted logits, largest 0: exp cannot overflow
         loss = -p[rows, cols]  # (N,): -(x_t - m) ...
@@ -63,8 +62,8 @@ class CrossEntropy(Function):
 
         if reduction == "none":
             return loss.reshape(targets.shape)  # (N,) -> the targets' shape
-        if reduction == "mean" and n_kept == 0:
-            return xp.asarray(np.nan, dtype=x.dtype)  # 0 / 0, as torch: no target to average
+        if reduction == "mean":  # no target to average: 0 / 0, NaN as in torch
+            return xp.where(n_kept > 0, loss.sum(), math.nan)
         return loss.sum()
 
     @staticmethod

@@ -19,7 +19,7 @@ Where it matters, it behaves as CuPy does (``cupy/_core/core.pyx``):
   host to size its result) are the implicit ones. Each counts one device-to-host transfer in
   ``device_to_host``, so a test can see an op that quietly synchronises with the host.
 - ``RawModule`` and ``RawKernel`` run the CUDA sources on the CPU through
-  ``minigrad.kernels.emulator`` where that exists.
+  ``minigrad.kernels.emulator``, and ``cuda.Device()`` is the GPU that it pretends to be.
 
 Left out on purpose: streams, memory pools, and every CuPy function the project does not
 call (asking for one raises AttributeError naming it: add it here if CuPy has it).
@@ -263,28 +263,32 @@ def _device_function(fn: Any) -> Any:
 
 # NumPy functions CuPy has, run on the arrays behind the device arrays
 _FUNCTIONS = (
-    "abs absolute add all any arange argmax argmin argsort broadcast_to clip concatenate cos "
-    "cumsum divide dot einsum empty empty_like equal exp expand_dims expm1 eye flip full "
-    "full_like greater greater_equal isclose isfinite isinf isnan less less_equal linspace log "
-    "log1p logaddexp logical_and logical_not logical_or matmul max maximum mean min minimum "
-    "moveaxis multiply negative not_equal ones ones_like outer power prod ravel repeat reshape "
-    "sign sin sort split sqrt square squeeze stack std subtract sum swapaxes take "
-    "take_along_axis tanh tensordot tile transpose tril triu true_divide var where zeros "
-    "zeros_like"
+    "abs absolute add all any arange argmax argmin argsort atleast_1d broadcast_to ceil clip "
+    "concatenate cos cumprod cumsum divide dot einsum empty empty_like equal exp exp2 "
+    "expand_dims expm1 eye flip floor full full_like greater greater_equal inner isclose "
+    "isfinite isinf isnan less less_equal linspace log log1p log2 logaddexp logical_and "
+    "logical_not logical_or matmul max maximum mean min minimum moveaxis multiply negative "
+    "not_equal ones ones_like outer power prod ravel repeat reshape round sign sin sort split "
+    "sqrt square squeeze stack std subtract sum swapaxes take take_along_axis tanh tensordot "
+    "tile transpose tril triu true_divide var vdot where zeros zeros_like"
 ).split()
-for _name in _FUNCTIONS:
-    globals()[_name] = _device_function(getattr(np, _name))
-
+_NAMESPACE = {name: _device_function(getattr(np, name)) for name in _FUNCTIONS}
 # dtypes and constants are NumPy's own, as in CuPy
-for _name in (
-    "bool_ int8 int16 int32 int64 uint8 uint16 uint32 uint64 intp float16 float32 float64 "
-    "dtype finfo iinfo result_type promote_types can_cast issubdtype integer floating "
-    "newaxis inf nan pi e"
-).split():
-    globals()[_name] = getattr(np, _name)
+_NAMESPACE.update(
+    (name, getattr(np, name))
+    for name in (
+        "bool_ int8 int16 int32 int64 uint8 uint16 uint32 uint64 intp float16 float32 float64 "
+        "dtype finfo iinfo result_type promote_types can_cast issubdtype integer floating "
+        "newaxis inf nan pi e"
+    ).split()
+)
 
 
 def __getattr__(name: str) -> Any:
+    # subtle: looked up here, not set as globals, so `sum`, `any`, `max`... inside this
+    # module stay Python's builtins
+    if name in _NAMESPACE:
+        return _NAMESPACE[name]
     raise AttributeError(f"the CuPy stand-in has no cupy.{name}; add it if CuPy has it")
 
 
@@ -304,21 +308,17 @@ class _RandomState:
 
 random = types.SimpleNamespace(RandomState=_RandomState)
 
-# the GPU the stand-in pretends to be: an sm_90 (H100) with 227 KB of opt-in shared memory
-DEVICE_ATTRIBUTES = {
-    "MaxSharedMemoryPerBlock": 48 * 1024,
-    "MaxSharedMemoryPerBlockOptin": 227 * 1024,
-    "MaxThreadsPerBlock": 1024,
-    "ComputeCapabilityMajor": 9,
-    "ComputeCapabilityMinor": 0,
-}
-
 
 class _Device:
+    """cupy.cuda.Device(): the GPU the kernel emulator pretends to be (its use_device)."""
+
     def __init__(self, device_id: int = 0) -> None:
+        from minigrad.kernels.emulator import current_device
+
         self.id = device_id
-        self.attributes = dict(DEVICE_ATTRIBUTES)
-        self.compute_capability = "90"
+        self.attributes = dict(current_device().attributes)
+        major, minor = (self.attributes[f"ComputeCapability{p}"] for p in ("Major", "Minor"))
+        self.compute_capability = f"{major}{minor}"
 
     def synchronize(self) -> None:
         pass
@@ -333,37 +333,29 @@ cuda = types.SimpleNamespace(
 class RawKernel:
     """cupy.RawKernel on the CPU: the emulator, given the arrays behind the device arrays."""
 
-    def __init__(self, code: str, name: str, options: tuple = (), **kwargs: Any) -> None:
-        try:
-            from minigrad.kernels.emulator import RawKernel as Emulated
-        except ImportError as e:
-            raise NotImplementedError(
-                "the CuPy stand-in runs kernels through minigrad.kernels.emulator, which is "
-                "not there"
-            ) from e
-        self._kernel = Emulated(code, name, options=options, **kwargs)
+    def __init__(self, code: str, name: str, options: tuple = ()) -> None:
+        from minigrad.kernels.emulator import RawKernel as Emulated
+
+        object.__setattr__(self, "_kernel", Emulated(code, name, options))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._kernel, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "_kernel":
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._kernel, name, value)
+        setattr(self._kernel, name, value)  # max_dynamic_shared_size_bytes, checked there
 
-    def __call__(self, grid: tuple, block: tuple, args: tuple, **kwargs: Any) -> None:
-        self._kernel(grid, block, tuple(_dev(a) for a in args), **kwargs)
+    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+        self._kernel(grid, block, tuple(_dev(a) for a in args), shared_mem=shared_mem)
 
 
 class RawModule:
     """cupy.RawModule: a source whose kernels are fetched by name."""
 
-    def __init__(self, code: str, options: tuple = (), **kwargs: Any) -> None:
+    def __init__(self, code: str, options: tuple = ()) -> None:
         self.code, self.options = code, options
 
     def get_function(self, name: str) -> RawKernel:
-        return RawKernel(self.code, name, options=self.options)
+        return RawKernel(self.code, name, self.options)
 
 
 # ---- cupyx: scatter_add and the special functions ----------------------------------------------

@@ -1,0 +1,139 @@
+"""The decoder's CUDA path, run on the CuPy stand-in, equals its CPU path.
+
+Each test runs the same thing twice, on "cpu" and on "cuda" with the stand-in
+(tests/support/fake_cupy.py) in place of CuPy, and compares: a training run of every preset
+(tiny sizes, with its evaluation and its checkpoint written from device arrays), a resume
+that loads that checkpoint onto the device, generation with and without the KV cache, LoRA
+fine-tuning and merging. The stand-in refuses every implicit move to the host, so a missing
+``xp`` branch or device transfer fails here with a TypeError, and it counts the explicit
+moves: one training step may make only the few it needs (the loss, the gradient norm, the
+range checks of ids and targets).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+from decoder.checkpoint import load_checkpoint
+from decoder.config import PRESETS, build_configs
+from decoder.model import Decoder
+from decoder.step import train_step
+from decoder.train import train
+from minigrad.nn.lora import apply_lora, lora_state_dict, merge_lora
+from minigrad.optim import AdamW
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "me"]
+TEXT = "\n".join(" ".join(np.random.default_rng(i).choice(WORDS, size=5)) + "." for i in range(120))
+# Small enough for seconds, and a head size of 8: below the flash kernel's 16, so attention
+# takes the NumPy-shaped path on both devices (the kernel has its own emulated tests).
+TINY = dict(
+    n_layer=1,
+    n_embd=32,
+    block_size=16,
+    batch_size=2,
+    max_iters=2,
+    warmup_iters=1,
+    eval_interval=2,
+    eval_iters=1,
+    dropout=0.0,  # CuPy's dropout draws from its own generator: equal only without it
+    sample_tokens=0,
+)
+N_HEAD = {"baby-gpt": 4}  # 6 heads do not divide 32
+
+
+@pytest.fixture(autouse=True)
+def _token_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "cache"))  # keep ids out of ~/.cache
+
+
+def configs(preset: str, device: str, **extra):
+    n_head = N_HEAD.get(preset, PRESETS[preset].model.get("n_head", 4))
+    return build_configs(preset, **{**TINY, "n_head": n_head, "device": device, **extra})
+
+
+def run(preset: str, device: str, out, **extra) -> dict:
+    model_cfg, train_cfg = configs(preset, device, **extra)
+    return train(model_cfg, train_cfg, TEXT, out, progress=False)
+
+
+def assert_same_weights(cuda_dir, cpu_dir):
+    cuda, cpu = load_checkpoint(cuda_dir), load_checkpoint(cpu_dir)
+    assert cuda.weights.keys() == cpu.weights.keys()
+    for name, w in cpu.weights.items():
+        np.testing.assert_allclose(cuda.weights[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_training_on_cuda_equals_cpu(preset, tmp_path, fake_cupy):
+    cpu = run(preset, "cpu", tmp_path / "cpu")
+    cuda = run(preset, "cuda", tmp_path / "cuda")
+    np.testing.assert_allclose(cuda["losses"], cpu["losses"], rtol=1e-5)
+    np.testing.assert_allclose(cuda["val_loss"], cpu["val_loss"], rtol=1e-5)
+    assert_same_weights(tmp_path / "cuda", tmp_path / "cpu")  # saved from device arrays
+
+
+def test_a_resume_on_cuda_loads_the_checkpoint_onto_the_device(tmp_path, fake_cupy):
+    model_cfg, train_cfg = configs("tiny", "cuda", max_iters=4)
+    whole = train(model_cfg, train_cfg, TEXT, tmp_path / "whole", progress=False)
+    train(model_cfg, train_cfg, TEXT, tmp_path / "split", progress=False, until=2)
+    rest = train(model_cfg, train_cfg, TEXT, tmp_path / "split", resume=True, progress=False)
+    assert rest["losses"] == whole["losses"][2:]
+    assert_same_weights(tmp_path / "split", tmp_path / "whole")
+
+
+def test_one_training_step_makes_at_most_four_host_transfers(fake_cupy):
+    model_cfg, train_cfg = configs("tiny", "cuda")
+    model = Decoder(model_cfg).to("cuda")
+    optimizer = AdamW(model.parameters(), lr=1e-3)
+    x = np.random.default_rng(0).integers(0, model_cfg.vocab_size, (2, model_cfg.block_size))
+    before = fake_cupy.device_to_host
+    train_step(model, optimizer, x, np.roll(x, -1, axis=1), train_cfg, step=1)
+    # The loss, read once for the progress bar and the divergence check; the global gradient
+    # norm that clipping returns; the range checks of the ids (the embedding) and of the
+    # targets (the loss), which raise on a bad id where CuPy would wrap it around.
+    transfers = fake_cupy.device_to_host - before
+    assert transfers <= 4, f"one training step copied {transfers} arrays to the host"
+
+
+def tiny_model(device: str) -> Decoder:
+    model_cfg, _ = configs("shakespeare-char-modern", device)
+    mg.manual_seed(0)
+    return Decoder(model_cfg).to(device)
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["kv-cache", "no-cache"])
+def test_generation_on_cuda_equals_cpu(use_cache, fake_cupy):
+    settings = dict(temperature=0.8, top_k=10, seed=3, use_cache=use_cache)
+    prompt = [1, 2, 3]
+    cpu = list(tiny_model("cpu").generate(prompt, 20, **settings))  # past block_size: crops
+    cuda = list(tiny_model("cuda").generate(mg.tensor(prompt, device="cuda"), 20, **settings))
+    assert cuda == cpu
+
+
+def test_lora_fine_tuning_and_merge_on_cuda_equal_cpu(tmp_path, fake_cupy):
+    from decoder.finetune import finetune
+
+    run("tiny", "cpu", tmp_path / "base")
+    results = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / device
+        results[device] = finetune(
+            tmp_path / "base", TEXT[::-1], out, r=2, max_iters=2, device=device, progress=False
+        )
+    assert results["cuda"]["val_loss_after"] == pytest.approx(
+        results["cpu"]["val_loss_after"], rel=1e-5
+    )
+    merged = {}
+    for device in ("cpu", "cuda"):
+        model = tiny_model(device)
+        apply_lora(model, ("wq", "wv"), r=2)
+        mg.manual_seed(1)
+        for p in lora_state_dict(model):  # the B factors start at zero: make the update real
+            param = dict(model.named_parameters())[p]
+            param.data[...] = param.data + 0.1
+        merge_lora(model)
+        merged[device] = model.state_dict()  # on the host, whichever device it came from
+    for name, w in merged["cpu"].items():
+        np.testing.assert_allclose(merged["cuda"][name], w, rtol=1e-6, err_msg=name)

@@ -24,23 +24,29 @@
 //   thread keeps HS_MAX / TPR accumulator slots and skips those with d >= hs; the loops over
 //   slots are unrolled so the accumulators stay in registers. One source, no template
 //   instantiation, at the cost of some idle registers for small heads.
-// * Tiles: BR = BC = 32 rows, TPR = 4 threads per row, so every block has 128 threads (four
-//   warps). The four threads of a row are neighbouring lanes of one warp, so a row's max and
+// * Tiles: BR = BC = TILE = 32 rows (16 where shared memory is short), TPR = 4 threads per
+//   row, so a block has 128 threads (four warps; two at TILE 16). The four threads of a row are neighbouring lanes of one warp, so a row's max and
 //   sum are two __shfl_xor_sync steps, with no shared memory and no __syncthreads.
 // * Tiles live in dynamic shared memory with a row stride of hs rounded up to an odd number
 //   (hs | 1): rows that start in different banks let the 8 rows a warp reads at once be
 //   served in one pass instead of colliding on the same bank. At hs = 128 a block needs 52.5 KB
-//   (forward) to 73 KB (dK/dV), above the 48 KB default: the launcher opts in to more.
+//   (forward) to 73 KB (dK/dV), above the 48 KB default: the launcher opts in to more where
+//   the GPU allows it, and otherwise builds the kernel with 16-row tiles (a T4 allows 64 KB).
 // * Backward: dK/dV and dQ are two kernels, not one kernel with atomicAdd on dQ. The
 //   atomic version recomputes nothing, but the order of its float additions changes from run
 //   to run (results are not bitwise reproducible) and dQ must be zeroed first. Here each
 //   block owns its outputs and writes them once; the price is that the dQ kernel recomputes
 //   the score and dP tiles (about 40% more FLOPs in the backward).
 
-#define BR 32                  // query rows per tile
-#define BC 32                  // key rows per tile
+// The tile height is a compile-time choice (-DTILE=16) made by the launcher from the device's
+// shared memory; 32 unless told otherwise.
+#ifndef TILE
+#define TILE 32
+#endif
+#define BR TILE                // query rows per tile
+#define BC TILE                // key rows per tile
 #define TPR 4                  // threads that cooperate on one row
-#define NTHREADS (BR * TPR)    // 128 threads per block; BR == BC, so one count serves all
+#define NTHREADS (BR * TPR)    // 128 threads per block at TILE 32; BR == BC, one count serves all
 #define HS_MAX 128             // the largest head size the fixed register arrays can hold
 #define DPT (HS_MAX / TPR)     // head-dim slots per thread: d = lane + TPR * t, t < DPT
 #define CPT (BC / TPR)         // score columns per thread: c = lane + TPR * t, t < CPT

@@ -1,9 +1,15 @@
 """CuPy launcher for the FlashAttention-2 kernels in `flash_attention.cu`.
 
 Holds `flash_attention_forward_cuda` and `flash_attention_backward_cuda`: they check their
-inputs, compile `flash_attention.cu` once with `cupy.RawModule` (NVRTC), size the grids and
-shared memory, and launch. Semantics, shapes and argument names are those of the NumPy twin
-in `flash_attention.py`, which is the reference every kernel is tested against.
+inputs, compile `flash_attention.cu` once with `cupy.RawModule` (NVRTC), pick the tile size
+and shared memory from the device's limits (`launch_plan`), and launch. Semantics, shapes
+and argument names are those of the NumPy twin in `flash_attention.py`, which is the
+reference every kernel is tested against.
+
+Given NumPy arrays instead of CuPy ones, the same code runs the same kernels on the CPU
+through `minigrad.kernels.emulator`, whose RawModule has CuPy's calling convention: the one
+place that tells the two apart is `_runtime`, so every launch (grid, block, shared memory,
+argument order) is tested on machines without a GPU too.
 
 Leaves out: float16/bfloat16 and float64 (the kernels are float32 only), head sizes outside
 16..128, and autograd wiring. cupy is imported inside the functions, so this module imports
@@ -17,18 +23,22 @@ from __future__ import annotations
 import math
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-Array = Any  # a cupy.ndarray; cupy is not importable everywhere, so no real annotation
+from minigrad.kernels.flash_attention import _array_module
+
+Array = Any  # a cupy.ndarray (or a NumPy one for the emulator): no real annotation
 
 _SOURCE = Path(__file__).with_name("flash_attention.cu")
 # static_assert in the source needs C++11; stated so that every CuPy version compiles it alike.
 # No --use_fast_math: accurate expf/logf keep the kernels within ~1e-6 of the twin.
 _COMPILE_OPTIONS = ("-std=c++14",)
-_TILE = 32  # BR == BC in the .cu: query rows and key rows per tile
-_THREADS = 128  # NTHREADS in the .cu: TPR = 4 threads per tile row
+_TILES = (32, 16)  # TILE in the .cu (BR == BC), largest first: the first that fits is used
+_THREADS_PER_ROW = 4  # TPR in the .cu: a block has tile * TPR threads
+_PREPROCESS_THREADS = 128  # flash_attn_bwd_preprocess: four warps, one query row each
 _HS_MIN, _HS_MAX = 16, 128  # HS_MAX in the .cu; below 16 most lanes would idle
 _DEFAULT_SHARED = 48 * 1024  # bytes a block gets without opting in to more
 _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which indexes (batch, head)
@@ -37,74 +47,102 @@ _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which indexes (batch, head)
 _NULL = np.intp(0)
 
 
+def _runtime(x: Array) -> tuple[ModuleType, Any, dict]:
+    """The array module, RawModule class and device attributes for x: CuPy's for a CuPy
+    array, the emulator's for a NumPy one. The only line that knows which it got."""
+    xp = _array_module(x)
+    if xp is np:
+        from minigrad.kernels import emulator
+
+        return np, emulator.RawModule, emulator.current_device().attributes
+    return xp, xp.RawModule, xp.cuda.Device().attributes
+
+
 @cache
-def _module() -> Any:
-    """The compiled module; CuPy compiles on first use and caches the binary per device."""
-    import cupy
+def _module(raw_module: Any, tile: int) -> Any:
+    """The kernels built with `tile`-row tiles; compiled on first use, then cached (CuPy and
+    the emulator also keep the binary on disk, keyed by the source)."""
+    return raw_module(code=_SOURCE.read_text(), options=(*_COMPILE_OPTIONS, f"-DTILE={tile}"))
 
-    return cupy.RawModule(code=_SOURCE.read_text(), options=_COMPILE_OPTIONS)
 
-
-def _shared_bytes(kernel: str, hs: int) -> int:
+def _shared_bytes(kernel: str, hs: int, tile: int) -> int:
     """Dynamic shared memory one block of `kernel` needs, mirroring the layout in the .cu.
 
-    Tiles have a row stride of hs rounded up to odd (hs | 1); score tiles have TILE + 1.
+    Tiles have a row stride of hs rounded up to odd (hs | 1); score tiles have tile + 1.
 
-    >>> _shared_bytes("flash_attn_fwd", 64)  # Q, K, V tiles + P: (3*32*65 + 32*33) * 4
+    >>> _shared_bytes("flash_attn_fwd", 64, 32)  # Q, K, V tiles + P: (3*32*65 + 32*33) * 4
     29184
     """
     ld = hs | 1
-    scores = _TILE * (_TILE + 1)
+    scores = tile * (tile + 1)
     floats = {
-        "flash_attn_fwd": 3 * _TILE * ld + scores,  # sQ, sK, sV, sP
-        "flash_attn_bwd_dq": 4 * _TILE * ld + scores,  # sQ, sdO, sK, sV, sdS
-        "flash_attn_bwd_dkdv": 4 * _TILE * ld + 2 * scores + 2 * _TILE,  # + sLse, sD
+        "flash_attn_fwd": 3 * tile * ld + scores,  # sQ, sK, sV, sP
+        "flash_attn_bwd_dq": 4 * tile * ld + scores,  # sQ, sdO, sK, sV, sdS
+        "flash_attn_bwd_dkdv": 4 * tile * ld + 2 * scores + 2 * tile,  # + sLse, sD
     }[kernel]
     return 4 * floats
 
 
-def _launch(name: str, grid: tuple[int, ...], args: tuple, hs: int) -> None:
-    """Launch a tiled kernel with its shared memory, opting in above the 48 KB default."""
-    import cupy
+def launch_plan(kernel: str, hs: int, attributes: dict) -> tuple[int, int]:
+    """(tile, shared bytes) for `kernel` at head size hs on a device with these attributes.
 
-    kernel = _module().get_function(name)
-    smem = _shared_bytes(name, hs)
+    The largest tile whose shared memory fits the device's opt-in limit: bigger tiles reload
+    K and V less often. Raises ValueError, naming the limit, where no tile fits.
+
+    >>> t4 = {"MaxSharedMemoryPerBlockOptin": 64 * 1024}
+    >>> launch_plan("flash_attn_fwd", 128, t4), launch_plan("flash_attn_bwd_dkdv", 128, t4)
+    ((32, 53760), (16, 35328))
+    """
+    limit = attributes["MaxSharedMemoryPerBlockOptin"]
+    for tile in _TILES:
+        smem = _shared_bytes(kernel, hs, tile)
+        if smem <= limit:
+            return tile, smem
+    raise ValueError(
+        f"{kernel} with hs={hs} needs {smem} bytes of shared memory per block even with "
+        f"{tile}-row tiles, but this GPU allows {limit}; use a smaller head size"
+    )
+
+
+def _launch(name: str, n_rows: int, batch_heads: int, args: tuple, hs: int) -> None:
+    """Launch a tiled kernel over (tiles of n_rows, batch_heads) blocks, with the tile and
+    shared memory of `launch_plan`, opting in above the 48 KB default."""
+    _, raw_module, attributes = _runtime(args[0])
+    tile, smem = launch_plan(name, hs, attributes)
+    kernel = _module(raw_module, tile).get_function(name)
     if smem > _DEFAULT_SHARED:
-        limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-        if smem > limit:
-            raise ValueError(
-                f"{name} with hs={hs} needs {smem} bytes of shared memory per block, but this "
-                f"GPU allows {limit}; use a smaller head size (hs <= 64 fits every GPU)"
-            )
         # The attribute belongs to the kernel on the current device; setting it is cheap.
         kernel.max_dynamic_shared_size_bytes = smem
-    kernel(grid, (_THREADS,), args, shared_mem=smem)
+    grid = (-(-n_rows // tile), batch_heads)
+    kernel(grid, (tile * _THREADS_PER_ROW,), args, shared_mem=smem)
 
 
-def _prepare(name: str, x: Array, ndim: int) -> Array:
-    """Check that x is a float32 cupy array of `ndim` dims; return it C-contiguous.
+def _prepare(name: str, x: Array, ndim: int, xp: ModuleType) -> Array:
+    """Check that x is a float32 array of `xp` with `ndim` dims; return it C-contiguous.
 
     Non-contiguous inputs (a transposed or sliced view) are copied, not refused: the kernels
     index rows as `row * hs + d`, and one copy is cheaper than a confused caller.
     """
-    import cupy
-
-    if not isinstance(x, cupy.ndarray):
-        raise TypeError(f"{name} must be a cupy array (got {type(x).__name__}); use cupy.asarray")
-    if x.dtype != cupy.float32:
+    if not isinstance(x, xp.ndarray):
+        raise TypeError(
+            f"{name} must be a {xp.__name__} array like q (got {type(x).__name__}); use "
+            f"{xp.__name__}.asarray"
+        )
+    if x.dtype != xp.float32:
         raise TypeError(
             f"{name} is {x.dtype}, but the CUDA kernels compute in float32 only: pass "
-            f"{name}.astype(cupy.float32), or use the NumPy twin for float64"
+            f"{name}.astype(float32), or use the NumPy twin for float64"
         )
     if x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dims; got shape {x.shape}")
-    return cupy.ascontiguousarray(x)
+    return xp.ascontiguousarray(x)
 
 
 def _check_qkv(q: Array, k: Array, v: Array) -> tuple[Array, Array, Array]:
     """Validate the attention inputs (see the module docstring of the twin); return them
     contiguous."""
-    q, k, v = _prepare("q", q, 4), _prepare("k", k, 4), _prepare("v", v, 4)
+    xp = _array_module(q)
+    q, k, v = _prepare("q", q, 4, xp), _prepare("k", k, 4, xp), _prepare("v", v, 4, xp)
     B, nh, T, hs = q.shape
     Bk, n_kv, S, hs_k = k.shape
     if v.shape != k.shape or Bk != B or hs_k != hs:
@@ -126,13 +164,11 @@ def _check_qkv(q: Array, k: Array, v: Array) -> tuple[Array, Array, Array]:
     return q, k, v
 
 
-def _slopes(alibi_slopes: Array | None, nh: int) -> Array:
-    """ALiBi slopes as a contiguous float32 cupy vector, or a null pointer: no ALiBi."""
-    import cupy
-
+def _slopes(alibi_slopes: Array | None, nh: int, xp: ModuleType) -> Array:
+    """ALiBi slopes as a contiguous float32 vector of `xp`, or a null pointer: no ALiBi."""
     if alibi_slopes is None:
         return _NULL
-    slopes = cupy.ascontiguousarray(cupy.asarray(alibi_slopes, dtype=cupy.float32))
+    slopes = xp.ascontiguousarray(xp.asarray(alibi_slopes, dtype=xp.float32))
     if slopes.shape != (nh,):
         raise ValueError(f"alibi_slopes must have shape (nh,) = ({nh},); got {slopes.shape}")
     return slopes
@@ -160,17 +196,16 @@ def flash_attention_forward_cuda(
     q (B, nh, T, hs), k and v (B, n_kv, S, hs), float32 cupy arrays (copied if not
     contiguous); nh % n_kv == 0, 1 <= T <= S, 16 <= hs <= 128. Refuses other dtypes, shapes
     and sizes with a ValueError/TypeError that says why. scale defaults to 1/sqrt(hs).
+    NumPy arrays run the same kernels in the emulator.
     """
-    import cupy
-
+    xp = _array_module(q)
     q, k, v = _check_qkv(q, k, v)
     B, nh, T, hs = q.shape
-    slopes = _slopes(alibi_slopes, nh)
-    o = cupy.empty_like(q)
-    lse = cupy.empty((B, nh, T), dtype=cupy.float32)
-    grid = (-(-T // _TILE), B * nh)  # (query tiles, b * nh + h)
+    slopes = _slopes(alibi_slopes, nh, xp)
+    o = xp.empty_like(q)
+    lse = xp.empty((B, nh, T), dtype=xp.float32)
     args = (q, k, v, slopes, o, lse, *_scalars(q, k, causal, scale))
-    _launch("flash_attn_fwd", grid, args, hs)
+    _launch("flash_attn_fwd", T, B * nh, args, hs)  # blocks: (query tiles, b * nh + h)
     return o, lse
 
 
@@ -192,32 +227,32 @@ def flash_attention_backward_cuda(
     and dV (one block per key tile), then dQ (one block per query tile); the .cu explains
     why dQ has its own kernel instead of atomicAdd.
     """
-    import cupy
-
+    xp = _array_module(q)
     q, k, v = _check_qkv(q, k, v)
     B, nh, T, hs = q.shape
-    n_kv, S = k.shape[1], k.shape[2]
-    o, grad_o = _prepare("o", o, 4), _prepare("grad_o", grad_o, 4)
-    lse = _prepare("lse", lse, 3)
+    n_kv = k.shape[1]
+    o, grad_o = _prepare("o", o, 4, xp), _prepare("grad_o", grad_o, 4, xp)
+    lse = _prepare("lse", lse, 3, xp)
     if o.shape != q.shape or grad_o.shape != q.shape or lse.shape != (B, nh, T):
         raise ValueError(
             f"o and grad_o must have q's shape {q.shape} and lse (B, nh, T) = {(B, nh, T)}; "
             f"got {o.shape}, {grad_o.shape}, {lse.shape}"
         )
-    slopes = _slopes(alibi_slopes, nh)
+    slopes = _slopes(alibi_slopes, nh, xp)
     scalars = _scalars(q, k, causal, scale)
 
-    D = cupy.empty((B, nh, T), dtype=cupy.float32)
+    D = xp.empty((B, nh, T), dtype=xp.float32)
     rows = B * nh * T
-    warps_per_block = _THREADS // 32  # one warp per row
-    pre = _module().get_function("flash_attn_bwd_preprocess")
-    pre((-(-rows // warps_per_block),), (_THREADS,), (o, grad_o, D, np.int32(rows), np.int32(hs)))
+    warps_per_block = _PREPROCESS_THREADS // 32  # one warp per row
+    pre = _module(_runtime(q)[1], _TILES[0]).get_function("flash_attn_bwd_preprocess")
+    grid = (-(-rows // warps_per_block),)
+    pre(grid, (_PREPROCESS_THREADS,), (o, grad_o, D, np.int32(rows), np.int32(hs)))
 
-    dq = cupy.empty_like(q)  # every element is written once: no zeroing needed
-    dk = cupy.empty_like(k)
-    dv = cupy.empty_like(v)
-    grid_kv = (-(-S // _TILE), B * n_kv)  # (key tiles, b * n_kv + kv_head)
-    _launch("flash_attn_bwd_dkdv", grid_kv, (q, k, v, slopes, grad_o, lse, D, dk, dv, *scalars), hs)
-    grid_q = (-(-T // _TILE), B * nh)  # (query tiles, b * nh + h)
-    _launch("flash_attn_bwd_dq", grid_q, (q, k, v, slopes, grad_o, lse, D, dq, *scalars), hs)
+    dq = xp.empty_like(q)  # every element is written once: no zeroing needed
+    dk = xp.empty_like(k)
+    dv = xp.empty_like(v)
+    args_kv = (q, k, v, slopes, grad_o, lse, D, dk, dv, *scalars)
+    _launch("flash_attn_bwd_dkdv", k.shape[2], B * n_kv, args_kv, hs)  # (key tiles, b*n_kv+kv)
+    args_q = (q, k, v, slopes, grad_o, lse, D, dq, *scalars)
+    _launch("flash_attn_bwd_dq", T, B * nh, args_q, hs)  # (query tiles, b * nh + h)
     return dq, dk, dv

@@ -184,14 +184,14 @@ def _translation_unit(code: str) -> str:
     lines = [f"alignas(16) unsigned char emu_shared[{_SHARED_CAPACITY}];"]
     for ctype, name in _shared_arrays(code):
         lines.append(
-            f'extern {ctype} {name}[{_SHARED_CAPACITY} / sizeof({ctype})] '
+            f"extern {ctype} {name}[{_SHARED_CAPACITY} / sizeof({ctype})] "
             f'__attribute__((alias("emu_shared")));'
         )
-    lines += ["#line 1 \"kernel.cu\"", code, ""]
+    lines += ['#line 1 "kernel.cu"', code, ""]
     for name in _kernel_names(code):
         lines.append(
             f'extern "C" int emu_launch_{name}(const unsigned* grid, const unsigned* block, '
-            f"std::size_t shared_bytes, void** args) {{ return emu::launch({name}, \"{name}\", "
+            f'std::size_t shared_bytes, void** args) {{ return emu::launch({name}, "{name}", '
             f"grid, block, shared_bytes, emu_shared, sizeof emu_shared, args); }}"
         )
         lines.append(

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decoder.attention import check_attention
+from decoder.tokenizer import TOKENIZERS
 from minigrad.backend import DEVICES, DeviceUnavailableError, get_xp
 
 FFNS = ("gelu", "swiglu")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "float64")
-TOKENIZERS = ("char", "bpe", "gpt2")
 
 
 @dataclass

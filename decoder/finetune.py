@@ -46,7 +46,7 @@ from decoder.config import TrainConfig
 from decoder.data import TokenDataset, load_text
 from decoder.rundir import claim_dir
 from decoder.step import TrainingDiverged, estimate_loss, train_step
-from minigrad.backend import reuse_freed_memory
+from minigrad.backend import DEVICES, reuse_freed_memory
 from minigrad.fileio import atomic_write
 from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
 from minigrad.optim import AdamW, cosine_lr, set_lr
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--max-iters", type=int, default=200)
         p.add_argument("--lr", type=float, default=1e-3)
         p.add_argument("--seed", type=int, default=1337)
-        p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+        p.add_argument("--device", default="cpu", choices=DEVICES)
         p.add_argument(
             "--merge", action="store_true", help=f"also write a merged checkpoint into OUT/{MERGED}"
         )

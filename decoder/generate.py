@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
+from minigrad.backend import DEVICES
+
 REPLACEMENT = "\ufffd"  # what a UTF-8 decoder with errors="replace" puts for broken bytes
 
 
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         help="recompute the whole context each "
         "token instead of using the KV cache (slower; for comparison)",
     )
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default="cpu", choices=DEVICES)
     args = p.parse_args(argv)
     try:
         model, tokenizer, _ = load_model(args.checkpoint, device=args.device)

@@ -56,6 +56,7 @@ GPT4_SPLIT_PATTERN = (
     r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 )
 ENDOFTEXT = "<|endoftext|>"
+TOKENIZERS = ("char", "bpe", "gpt2")  # by name: built from the text (two), or pretrained
 N_BYTES = 256  # the first 256 ids are the single bytes, id b for byte b
 
 
@@ -476,7 +477,9 @@ def get_tokenizer(
         return BPETokenizer.train(text, vocab_size)
     if name in tiktoken.list_encoding_names():
         return TiktokenTokenizer(name)
-    raise ValueError(f"unknown tokenizer {name!r}: use 'char', 'bpe' or 'gpt2'")
+    raise ValueError(
+        f"unknown tokenizer {name!r}: use one of {TOKENIZERS} (or another tiktoken encoding)"
+    )
 
 
 def tokenizer_from_dict(d: dict[str, Any]) -> CharTokenizer | BPETokenizer | TiktokenTokenizer:

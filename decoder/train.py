@@ -77,7 +77,7 @@ from decoder.model import Decoder
 from decoder.rundir import claim_dir
 from decoder.step import TrainingDiverged, estimate_loss, train_step
 from decoder.tokenizer import get_tokenizer
-from minigrad.backend import reuse_freed_memory
+from minigrad.backend import DEVICES, reuse_freed_memory
 from minigrad.fileio import atomic_write
 from minigrad.optim import AdamW, cosine_lr, param_groups_for_decay, set_lr
 
@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="replace the run in --out (without it, a new run refuses a directory that holds one)",
     )
-    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="same as --device=")
+    p.add_argument("--device", default=None, choices=DEVICES, help="same as --device=")
     args, rest = p.parse_known_args(argv)
     if args.list_presets:
         print(list_presets())

@@ -6,6 +6,7 @@ loss = (x.tanh() @ mg.ones(4)).sum()
 loss.backward()          # x.grad now holds d(loss)/dx
 """
 
+from minigrad.anomaly import AnomalyError, detect_anomaly
 from minigrad.autograd import Function, is_grad_enabled, no_grad
 from minigrad.backend import cuda_available
 from minigrad.creation import (
@@ -38,6 +39,7 @@ float64 = "float64"
 int64 = "int64"
 
 __all__ = [
+    "AnomalyError",
     "Function",
     "GradcheckError",
     "Tensor",
@@ -45,6 +47,7 @@ __all__ = [
     "concatenate",
     "cuda_available",
     "default_rng",
+    "detect_anomaly",
     "float32",
     "float64",
     "full",

@@ -13,7 +13,8 @@ nowhere else, so every op's backward stays textbook-simple:
 3. freeing: after a backward, every Context drops what it saved, unless ``retain_graph``.
 
 The walk is iterative (micrograd's recursive walk dies near depth 1000). Left out on purpose:
-higher-order gradients (backward is not itself recorded), hooks, and in-place ops.
+higher-order gradients (backward is not itself recorded), hooks (but for
+``anomaly_hook``, which ``minigrad.anomaly`` sets), and in-place ops.
 Follows the design of minitorch (``autodiff.py``) and tinygrad v0.8 (``mlops.py``).
 """
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 _grad_enabled = True
 _tensor_cls: type | None = None  # set by tensor.py: the engine builds outputs of this class
+anomaly_hook = None  # set inside minigrad.anomaly.detect_anomaly: checks every op's outputs
 
 
 def register_tensor_class(cls: type) -> None:
@@ -117,6 +119,8 @@ class Function:
             raise
         if isinstance(out, np.generic):  # numpy reductions return scalars; keep arrays throughout
             out = np.asarray(out)
+        if anomaly_hook is not None:
+            anomaly_hook("forward", cls, ctx, [t.data for t in inputs], (out,))
         if _grad_enabled:
             needs = tuple([t.requires_grad for t in inputs])
             if True in needs:
@@ -238,6 +242,8 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
         input_grads = ctx.fn.backward(ctx, grad_out)
         if type(input_grads) is not tuple:
             input_grads = (input_grads,)
+        if anomaly_hook is not None:
+            anomaly_hook("backward", ctx.fn, ctx, (grad_out,), input_grads)
         for t, need, g in zip(ctx.inputs, ctx.needs_input_grad, input_grads, strict=True):
             if not need or g is None:
                 continue

@@ -66,6 +66,7 @@ class Decoder(Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
+        config.validate()  # again: a dataclass's fields can be changed after its construction
         self.config = config
         C = config.n_embd
         self.tok_emb = Embedding(config.vocab_size, C)

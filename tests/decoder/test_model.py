@@ -204,6 +204,21 @@ def test_errors_name_the_problem():
 
 
 @pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("ffn", "relu", r"ffn='relu' is not one of \('gelu', 'swiglu'\)"),  # was a silent SwiGLU
+        ("norm", "batch", r"norm='batch' is not one of"),  # was a silent RMSNorm
+        ("dropout", float("nan"), r"ModelConfig.dropout .*got nan"),
+    ],
+)
+def test_a_config_edited_after_construction_is_checked_by_the_model(field, value, message):
+    config = tiny()
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=message):
+        Decoder(config)
+
+
+@pytest.mark.parametrize(
     "settings, message",
     [
         (dict(temperature=-0.5), "temperature must be >= 0"),

@@ -88,8 +88,12 @@ def xp_of(array: Any) -> ModuleType:
     'numpy'
     """
     # subtle: test the exact type first: it is the hot path and avoids importing cupy.
-    if type(array) is np.ndarray or _cupy is None:
+    if type(array) is np.ndarray:
         return np
+    if _cupy is None:  # a CuPy array made before "cuda" was ever asked for still counts
+        if type(array).__module__.split(".")[0] != "cupy":
+            return np
+        _import_cupy()
     return _cupy if isinstance(array, _cupy.ndarray) else np
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import minigrad as mg
+import minigrad.functional as F
 from decoder.checkpoint import load_checkpoint
 from decoder.config import PRESETS, build_configs
 from decoder.model import Decoder
@@ -137,3 +138,43 @@ def test_lora_fine_tuning_and_merge_on_cuda_equal_cpu(tmp_path, fake_cupy):
         merged[device] = model.state_dict()  # on the host, whichever device it came from
     for name, w in merged["cpu"].items():
         np.testing.assert_allclose(merged["cuda"][name], w, rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(pos="sinusoidal", norm_position="post", bias=True),
+        dict(pos="alibi", parallel_block=True, tie_weights=False),
+        dict(pos="none", ffn="swiglu", norm="rms", n_kv_head=1),
+        dict(pos="rope", attn_impl="flash"),
+    ],
+    ids=["sinusoidal-post-bias", "alibi-parallel", "nopos-swiglu-rms-mqa", "rope-flash-twin"],
+)
+def test_each_architecture_choice_on_cuda_equals_cpu(overrides, fake_cupy):
+    ids = np.random.default_rng(0).integers(0, 65, (2, 16))
+    out = {}
+    for device in ("cpu", "cuda"):
+        model_cfg, _ = configs("tiny", device, n_head=4, **overrides)
+        mg.manual_seed(0)
+        model = Decoder(model_cfg).to(device)
+        logits, loss = model(ids, np.roll(ids, -1, axis=1))
+        loss.backward()
+        grads = {n: mg.Tensor(p.grad).numpy() for n, p in model.named_parameters()}
+        out[device] = logits.numpy(), grads
+    np.testing.assert_allclose(out["cuda"][0], out["cpu"][0], rtol=1e-5, atol=1e-6)
+    for name, g in out["cpu"][1].items():
+        np.testing.assert_allclose(out["cuda"][1][name], g, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_dropout_and_exact_gelu_run_on_the_device(fake_cupy):
+    # CuPy draws dropout masks from its own generator and computes erf with cupyx: the
+    # numbers differ from the CPU's, so this checks that both stay on the device and train
+    model_cfg, train_cfg = configs("tiny", "cuda", dropout=0.2)
+    mg.manual_seed(0)
+    model = Decoder(model_cfg).to("cuda")
+    optimizer = AdamW(model.parameters(), lr=1e-3)
+    x = np.random.default_rng(0).integers(0, 65, (2, 16))
+    loss = train_step(model, optimizer, x, np.roll(x, -1, axis=1), train_cfg, step=1)
+    assert np.isfinite(loss)
+    y = F.gelu(mg.tensor([-1.0, 0.0, 2.0], device="cuda"), approximate="none")
+    np.testing.assert_allclose(y.numpy(), [-0.158655, 0.0, 1.954500], atol=1e-6)

@@ -1,0 +1,109 @@
+"""The CuPy stand-in itself: as strict as CuPy where the project could slip, and present only
+inside the tests that ask for it (the tests in this folder rely on both)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+import minigrad.functional as F
+from minigrad import backend
+
+
+def test_device_arrays_never_become_numpy_implicitly(fake_cupy):
+    x = fake_cupy.arange(3.0)
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(x)
+    with pytest.raises(TypeError, match=r"numpy\.exp was given a cupy array"):
+        np.exp(x)
+    with pytest.raises(TypeError, match=r"numpy\.concatenate was given a cupy array"):
+        np.concatenate([x, x])
+    with pytest.raises(TypeError, match=r"numpy\.add\.at was given a cupy array"):
+        np.add.at(x, [0], 1.0)
+    for mix in (
+        lambda: x + np.ones(3),
+        lambda: np.ones(3) * x,
+        lambda: fake_cupy.where(x > 0, x, np.ones(3)),
+    ):
+        with pytest.raises(TypeError, match="Unsupported type|given a cupy array"):
+            mix()
+    assert fake_cupy.device_to_host == 0  # refusing copies nothing
+
+
+def test_what_cupy_allows_works_on_the_device(fake_cupy):
+    x = fake_cupy.asarray(np.arange(4.0))  # host to device: allowed, and not counted
+    y = np.float32(2) * x[np.array([0, 3])] + 1  # NumPy scalars and index arrays come along
+    assert isinstance(y, fake_cupy.ndarray) and isinstance(x.sum(), fake_cupy.ndarray)
+    x[np.array([1])] = np.array([5.0])  # a host value assigned into device memory
+    assert fake_cupy.device_to_host == 0
+    assert y.get().tolist() == [1.0, 7.0] and x.tolist() == [0.0, 5.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "to_host",
+    [
+        pytest.param(lambda x: x.get(), id="get"),
+        pytest.param(lambda x: x.item(), id="item"),
+        pytest.param(lambda x: float(x), id="float"),
+        pytest.param(lambda x: bool(x), id="bool"),
+        pytest.param(lambda x: x.tolist(), id="tolist"),
+        pytest.param(lambda x: repr(x), id="repr"),
+        pytest.param(lambda x: x[x > 0], id="boolean-mask"),
+        pytest.param(lambda x: mg.Tensor(x).numpy(), id="Tensor.numpy"),
+    ],
+)
+def test_each_way_to_the_host_is_counted(to_host, fake_cupy):
+    x = fake_cupy.ones(())
+    to_host(x)
+    assert fake_cupy.device_to_host == 1
+
+
+_REAL_GPU = mg.cuda_available()  # at import, before any stand-in
+
+
+def test_the_stand_in_is_not_importable_as_cupy():
+    spec = importlib.util.find_spec("cupy")
+    assert spec is None or "fake_cupy" not in str(spec.origin)
+
+
+def test_the_backend_sees_the_stand_in_inside_the_fixture(request):
+    cupy = request.getfixturevalue("fake_cupy")
+    assert mg.cuda_available() and backend.get_xp("cuda") is cupy
+
+
+def test_without_the_fixture_the_backend_is_as_before():
+    assert mg.cuda_available() == _REAL_GPU
+    assert not hasattr(sys.modules.get("cupy"), "device_to_host")  # not the stand-in
+    if not _REAL_GPU:
+        with pytest.raises(Exception, match="CuPy"):
+            mg.zeros(1, device="cuda")
+
+
+def test_flash_kernel_on_device_arrays_is_the_emulated_kernel(fake_cupy):
+    # The CuPy launch path (device arrays in, device arrays out, autograd around it) gives
+    # what the same kernel gives when the emulator is called on NumPy arrays directly. The
+    # kernel's own correctness is tests/kernels' business.
+    from minigrad.kernels.flash_attention_cuda import (
+        flash_attention_backward_cuda,
+        flash_attention_forward_cuda,
+    )
+
+    rng = np.random.default_rng(0)
+    q, k, v, g = (rng.standard_normal((1, 2, 7, 16)).astype(np.float32) for _ in range(4))
+    tensors = [mg.tensor(a, device="cuda", requires_grad=True) for a in (q, k, v)]
+    out = F.scaled_dot_product_attention(*tensors, causal=True)
+    out.backward(mg.tensor(g, device="cuda"))
+    o, lse = flash_attention_forward_cuda(q, k, v, True, None, None)
+    grads = flash_attention_backward_cuda(q, k, v, o, lse, g, True, None, None)
+    np.testing.assert_array_equal(out.numpy(), o)
+    for t, want in zip(tensors, grads, strict=True):
+        np.testing.assert_array_equal(mg.Tensor(t.grad).numpy(), want)
+
+
+def test_a_cupy_array_made_before_cuda_was_asked_for_is_on_cuda(fake_cupy):
+    x = fake_cupy.ones(3)  # straight from cupy: minigrad has not imported it yet
+    assert backend.xp_of(x) is fake_cupy and mg.Tensor(x).device == "cuda"

@@ -29,7 +29,7 @@ retries (a save during a load is the only way a complete checkpoint changes unde
 
 Left out on purpose: keeping the best or the last few checkpoints (only the newest is kept),
 sharded weights, and checksums (a truncated or mismatched file is caught by the safetensors
-reader and by the shape check against the config, which give clearer messages).
+reader and by the shape and dtype check against the config, which give clearer messages).
 Follows nanoGPT's ``ckpt.pt`` in content, in separate files so that each is readable alone.
 """
 
@@ -230,15 +230,15 @@ def load_checkpoint(path: str | os.PathLike, with_optimizer: bool = True) -> Che
     removed the checkpoint the old pointer named while it was being read.
     """
     path = Path(path)
-    for attempt in range(1, _READ_ATTEMPTS + 1):
+    for _ in range(_READ_ATTEMPTS - 1):
         before = _latest_name(path) if path.is_dir() else None
         try:
             return _read(resolve_checkpoint(path), with_optimizer)
         except CheckpointError:
             # the error is believed unless the pointer moved while we read (a save finished)
-            if attempt == _READ_ATTEMPTS or before is None or _latest_name(path) == before:
+            if before is None or _latest_name(path) == before:
                 raise
-    raise AssertionError("unreachable: the last attempt returns or raises")
+    return _read(resolve_checkpoint(path), with_optimizer)  # the last try: its error stands
 
 
 def _read(ckpt_dir: Path, with_optimizer: bool) -> Checkpoint:

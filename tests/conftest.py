@@ -13,20 +13,18 @@ from minigrad import backend
 
 CUDA = mg.cuda_available()
 
-# Every test that takes `device` runs on the CPU, and on the GPU where cupy sees one.
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs cupy and an NVIDIA GPU")),
-]
-
 
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
 
-@pytest.fixture(params=DEVICES)
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def device(request) -> str:
+    """Each test that takes it runs on "cpu" and on "cuda": the GPU where CuPy sees one, and
+    elsewhere the CuPy stand-in (see fake_cupy below)."""
+    if request.param == "cuda" and not CUDA:
+        request.getfixturevalue("fake_cupy")
     return request.param
 
 

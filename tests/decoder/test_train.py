@@ -1,13 +1,17 @@
-"""decoder.train: exact resume, NaN handling, logs, and the checks made when resuming."""
+"""decoder.train: exact resume, NaN handling, logs, the run directory, the sample, and the
+checks made when resuming."""
 
 import json
+import os
 
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 
 import decoder.train as tr
-from decoder.checkpoint import CheckpointError, load_checkpoint
+from decoder.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from decoder.config import build_configs
+from decoder.rundir import RunDirError, claim_dir
 from decoder.train import TrainingDiverged, train
 
 
@@ -115,3 +119,111 @@ def test_parse_overrides():
         tr.parse_overrides(["--lr"])
     with pytest.raises(ValueError, match="unexpected argument 'oops'"):
         tr.parse_overrides(["oops"])
+
+
+# ---- the run directory --------------------------------------------------------------------------
+def test_a_new_run_refuses_a_previous_run_unless_told_to_overwrite_it(tmp_path):
+    model_cfg, train_cfg = configs(max_iters=4, warmup_iters=2)
+    train(model_cfg, train_cfg, TEXT, tmp_path, progress=False)
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    with pytest.raises(RunDirError, match=r"holds a previous run \(.*latest.*log.jsonl.*--resume"):
+        train(model_cfg, train_cfg, TEXT, tmp_path, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before  # untouched
+    other, _ = configs(max_iters=4, warmup_iters=2, n_layer=1)
+    train(other, train_cfg, TEXT, tmp_path, progress=False, overwrite=True)
+    assert load_checkpoint(tmp_path).model_config.n_layer == 1
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").open()]
+    assert [r["step"] for r in rows] == [0, 4]  # no row of the old run
+
+
+def test_a_run_on_a_directory_in_use_names_the_holder(tmp_path):
+    model_cfg, train_cfg = configs(max_iters=4, warmup_iters=2)
+    with claim_dir(tmp_path, tr.RUN_FILES, "latest"):
+        with pytest.raises(RunDirError, match=f"in use by another run \\(pid {os.getpid()} on "):
+            train(model_cfg, train_cfg, TEXT, tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_a_failed_start_leaves_no_directory(tmp_path):
+    model_cfg, train_cfg = configs(block_size=64)
+    with pytest.raises(ValueError, match="block_size=64 needs 65"):
+        train(model_cfg, train_cfg, "a short text.\n" * 4, tmp_path / "runs" / "a", progress=False)
+    assert not (tmp_path / "runs").exists()
+
+
+# ---- the sample at the end ----------------------------------------------------------------------
+def test_a_sample_prompt_outside_the_vocabulary_is_refused_before_training(tmp_path, capsys):
+    model_cfg, train_cfg = configs(sample_tokens=5, sample_prompt="the Zebra")
+    with pytest.raises(ValueError, match=r"--sample_prompt='the Zebra' cannot be written.*'Z'"):
+        train(model_cfg, train_cfg, TEXT, tmp_path / "run")
+    assert not (tmp_path / "run").exists() and "step 4" not in capsys.readouterr().err
+
+
+def test_a_text_without_a_newline_samples_from_its_first_character(tmp_path, capsys):
+    text = TEXT.replace("\n", " ")
+    model_cfg, train_cfg = configs(max_iters=4, warmup_iters=2, sample_tokens=5)
+    result = train(model_cfg, train_cfg, text, tmp_path / "run")  # the default prompt "\n"
+    assert result["step"] == 4
+    sample = capsys.readouterr().out.split("---- a sample ----\n")[1].splitlines()[0]
+    assert sample.startswith(text[0]) and len(sample) == 1 + 5
+
+
+# ---- the log ------------------------------------------------------------------------------------
+def test_a_torn_last_log_line_is_dropped_on_resume(tmp_path):
+    model_cfg, train_cfg = configs(max_iters=8, warmup_iters=2)
+    train(model_cfg, train_cfg, TEXT, tmp_path, progress=False, until=4)
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write('{"step": 8, "train_lo')  # a full disk cut the append short
+    with pytest.warns(UserWarning, match=r"log.jsonl: dropped its last line"):
+        assert train(model_cfg, train_cfg, TEXT, tmp_path, resume=True, progress=False)["step"] == 8
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").open()]
+    assert [r["step"] for r in rows] == [0, 4, 8]
+
+
+def test_a_damaged_log_line_is_an_error_naming_the_file_and_line(tmp_path):
+    (tmp_path / "log.jsonl").write_text('{"step": 0}\n{"step": 4, oops}\n{"step": 8}\n')
+    with pytest.raises(ValueError, match=r"log.jsonl, line 2: not a log row"):
+        tr.read_log(tmp_path)
+
+
+def test_the_log_never_claims_a_step_whose_checkpoint_failed(tmp_path, monkeypatch):
+    saves = []
+
+    def full_disk_at_the_second_save(out_dir, **kwargs):
+        saves.append(kwargs["step"])
+        if len(saves) == 2:
+            raise OSError(28, "No space left on device")
+        return save_checkpoint(out_dir, **kwargs)
+
+    monkeypatch.setattr(tr, "save_checkpoint", full_disk_at_the_second_save)
+    model_cfg, train_cfg = configs()
+    with pytest.raises(OSError, match="No space left"):
+        train(model_cfg, train_cfg, TEXT, tmp_path, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").open()]
+    assert [r["step"] for r in rows] == [0, 4] and load_checkpoint(tmp_path).step == 4
+
+
+def test_a_full_disk_while_plotting_leaves_no_temporary_file(tmp_path, monkeypatch):
+    def savefig(self, f, **kwargs):
+        f.write(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    (tmp_path / "log.jsonl").write_text('{"step": 0, "train_loss": 4.0, "val_loss": 4.1}\n')
+    with pytest.raises(OSError, match="No space left"):
+        tr.plot_losses(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]
+
+
+# ---- what a resume cannot change ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "change, named", [({"tokenizer": "bpe"}, "tokenizer: 'char' -> 'bpe'"), ({"seed": 7}, "seed")]
+)
+def test_resume_refuses_settings_it_cannot_change(tmp_path, change, named):
+    model_cfg, train_cfg = configs(max_iters=4, warmup_iters=2)
+    train(model_cfg, train_cfg, TEXT, tmp_path, progress=False)
+    _, changed_cfg = configs(max_iters=8, warmup_iters=2, **change)
+    with pytest.raises(CheckpointError, match=f"a resume cannot change {named}"):
+        train(model_cfg, changed_cfg, TEXT, tmp_path, resume=True, progress=False)
+    _, longer = configs(max_iters=8, warmup_iters=2)  # max_iters is the run's to change
+    assert train(model_cfg, longer, TEXT, tmp_path, resume=True, progress=False)["step"] == 8

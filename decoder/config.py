@@ -105,6 +105,11 @@ class TrainConfig:
                 f"TrainConfig.min_lr={self.min_lr} is above lr={self.lr}: the cosine decay "
                 f"ends at min_lr, so it must be in [0, lr]"
             )
+        if self.warmup_iters > self.lr_decay_iters:
+            raise ValueError(
+                f"TrainConfig.warmup_iters={self.warmup_iters} is longer than lr_decay_iters="
+                f"{self.lr_decay_iters} (which defaults to max_iters): lower --warmup_iters too"
+            )
 
 
 @dataclass

@@ -408,11 +408,6 @@ def train(
     Raises TrainingDiverged on a NaN or infinite loss, KeyboardInterrupt (after saving) on
     Ctrl-C, and RunDirError when ``out_dir`` is in use or holds a run it may not replace.
     """
-    if train_cfg.warmup_iters > train_cfg.lr_decay_iters:
-        raise ValueError(
-            f"warmup_iters={train_cfg.warmup_iters} is longer than lr_decay_iters="
-            f"{train_cfg.lr_decay_iters} (which defaults to max_iters): lower --warmup_iters too"
-        )
     reuse_freed_memory()  # each step frees and reallocates the same arrays: keep the pages
     say = print if progress else (lambda *a, **k: None)
     claim = claim_dir(out_dir, RUN_FILES, LATEST, resume=resume, overwrite=overwrite)

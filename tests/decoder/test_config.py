@@ -61,6 +61,8 @@ def test_train_config_rejects(settings, match):
 def test_command_line_values_are_checked_at_parse():
     with pytest.raises(ValueError, match=r"TrainConfig.lr .*got nan"):
         build_configs("tiny", {"lr": "nan"})
+    with pytest.raises(ValueError, match=r"warmup_iters=10 is longer than lr_decay_iters=5"):
+        build_configs("tiny", {"max_iters": "5"})  # tiny warms up for 10 steps
     with pytest.raises(ValueError, match=r"ModelConfig.rope_theta .*got 0.0"):
         build_configs("tiny", {"rope_theta": "0"})
 

@@ -34,7 +34,7 @@ import numpy as np
 from minigrad.autograd import Context, Function
 from minigrad.backend import to_numpy, xp_of
 from minigrad.functional.dropout import check_p, dropout
-from minigrad.functional.inputs import check_floating
+from minigrad.functional.inputs import check_floating, check_same_dtype
 from minigrad.functional.softmax import softmax
 from minigrad.kernels.flash_attention import flash_attention_backward, flash_attention_forward
 from minigrad.tensor import Tensor
@@ -254,6 +254,7 @@ def _check_inputs(q: Any, k: Any, v: Any, causal: bool, dropout_p: float, impl: 
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}: use one of {IMPLS}")
     check_floating("attention", q=q, k=k, v=v)
+    check_same_dtype("attention", q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:
             raise ValueError(

@@ -4,7 +4,8 @@ Each op calls these at its public boundary, before any array work, so that a wro
 one clear error naming the op, the argument and the fix, instead of NumPy's message from deep
 inside a forward (or, worse, a silently integer result). The rules are PyTorch's: indices
 (embedding ids, cross-entropy targets) must be integers; softmax, the norms, the activations,
-dropout and attention take floating-point tensors only. Left out on purpose: checks that
+dropout and attention take floating-point tensors only, and the ops that combine tensors
+(linear, the norms, attention) take them of one dtype. Left out on purpose: checks that
 belong to one op alone (shapes, ranges), which stay beside that op.
 """
 
@@ -56,4 +57,25 @@ def check_floating(op: str, **tensors: Tensor | None) -> None:
             raise TypeError(
                 f"{op}: {name} must be a floating-point tensor, got dtype {t.dtype}: "
                 f"convert it with .float()"
+            )
+
+
+def check_same_dtype(op: str, **tensors: Tensor | None) -> None:
+    """Raise a TypeError unless every given tensor (None: not passed) has one dtype, as
+    PyTorch's linear, layer_norm and attention require: NumPy would silently widen a float32
+    input to its float64 weight's dtype.
+
+    >>> import minigrad as mg
+    >>> check_same_dtype("linear", x=mg.ones(2), weight=mg.ones(1, 2).double())
+    Traceback (most recent call last):
+    ...
+    TypeError: linear: x is float32 but weight is float64: convert one with .float() or .double()
+    """
+    given = [(name, t) for name, t in tensors.items() if t is not None]
+    first_name, first = given[0]
+    for name, t in given[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"{op}: {first_name} is {first.dtype} but {name} is {t.dtype}: convert one "
+                f"with .float() or .double()"
             )

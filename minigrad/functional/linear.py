@@ -20,7 +20,7 @@ from typing import Any
 
 from minigrad.autograd import Function
 from minigrad.backend import scatter_add, to_numpy, xp_of
-from minigrad.functional.inputs import as_index_array
+from minigrad.functional.inputs import as_index_array, check_same_dtype
 from minigrad.functional.rows import as_rows
 from minigrad.tensor import Tensor
 
@@ -63,6 +63,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     >>> linear(mg.ones(2, 3), mg.ones(4, 3), mg.zeros(4)).shape
     (2, 4)
     """
+    check_same_dtype("linear", x=x, weight=weight, bias=bias)
     if weight.ndim != 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"linear: x of shape {x.shape} and weight of shape {weight.shape} do not fit: "

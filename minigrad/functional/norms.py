@@ -17,7 +17,7 @@ from typing import Any
 
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
-from minigrad.functional.inputs import check_floating
+from minigrad.functional.inputs import check_floating, check_same_dtype
 from minigrad.functional.rows import as_rows, dot_last, sum_last
 from minigrad.tensor import Tensor
 
@@ -128,9 +128,10 @@ class RMSNorm(Function):
 
 
 def _check_inputs(op: str, x: Tensor, **params: Tensor | None) -> None:
-    """Raise unless x has a last axis to normalise, every tensor is floating-point, and every
-    given weight or bias has shape (C,), C = x.shape[-1]."""
+    """Raise unless every tensor is floating-point of one dtype, x has a last axis to
+    normalise, and every given weight or bias has shape (C,), C = x.shape[-1]."""
     check_floating(op, x=x, **params)
+    check_same_dtype(op, x=x, **params)
     if x.ndim == 0:
         raise ValueError(
             f"{op}: x is 0-d, but the norm is taken over its last axis: give x at least one "

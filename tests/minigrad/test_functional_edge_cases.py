@@ -419,3 +419,34 @@ def test_refused_inputs_name_the_fix():
         F.log_softmax(mg.tensor(1.0), axis=1)  # a 0-d tensor has one axis to offer, as torch
     with pytest.raises(ValueError, match=r"give x at least one dimension"):
         F.rms_norm(mg.tensor(1.0))
+
+
+MIXED_DTYPES = {  # float32 beside float64: torch refuses, where NumPy would silently widen
+    "linear": (F.linear, tf.linear, [(2, 3), (4, 3)]),
+    "linear bias": (F.linear, tf.linear, [(2, 3), (4, 3), (4,)]),
+    "layer_norm": (F.layer_norm, lambda x, w: tf.layer_norm(x, (3,), w), [(2, 3), (3,)]),
+    "attention": (
+        F.scaled_dot_product_attention,
+        tf.scaled_dot_product_attention,
+        [(1, 1, 2, 4)] * 3,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXED_DTYPES))
+def test_mixed_float_dtypes_are_refused_as_torch(name):
+    ours, theirs, shapes = MIXED_DTYPES[name]
+    dtypes = ["float32"] * (len(shapes) - 1) + ["float64"]  # the last input alone is float64
+    with pytest.raises(RuntimeError):
+        theirs(
+            *[torch.ones(s, dtype=getattr(torch, d)) for s, d in zip(shapes, dtypes, strict=True)]
+        )
+    with pytest.raises(TypeError, match=r"is float32 but \w+ is float64"):
+        ours(*[mg.ones(*s, dtype=d) for s, d in zip(shapes, dtypes, strict=True)])
+
+
+def test_rms_norm_refuses_mixed_dtypes_where_torch_keeps_x_dtype():
+    """A documented choice: torch's rms_norm returns float32 for a float64 weight; we refuse,
+    as its sibling layer_norm does in both libraries, rather than pick a dtype silently."""
+    with pytest.raises(TypeError, match="x is float32 but weight is float64"):
+        F.rms_norm(mg.ones(2, 3), mg.ones(3, dtype="float64"))

@@ -59,7 +59,7 @@ class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, *affine, eps=1e-5, has_weight=True, has_bias=True):
         weight, bias = _split_affine(affine, has_weight, has_bias)
-        n = x.shape[-1]
+        n = x.shape[-1] or 1  # subtle: rows of no features sum to 0; 0 / 1 keeps 0 / 0 away
         xhat = x - sum_last(x) / n  # centred: a fresh array, normalised in place below
         rstd = 1.0 / xp_of(x).sqrt(dot_last(xhat, xhat) / n + eps)  # (..., C) -> (..., 1)
         xhat *= rstd
@@ -75,7 +75,7 @@ class LayerNorm(Function):
     @staticmethod
     def backward(ctx, grad_out):
         xhat, rstd, weight = ctx.saved
-        n = xhat.shape[-1]
+        n = xhat.shape[-1] or 1  # as in the forward
         if weight is None:
             g = grad_out.copy()  # ours to overwrite
             shift = sum_last(g) / n  # mean(g), (..., 1)
@@ -110,7 +110,8 @@ class RMSNorm(Function):
     @staticmethod
     def forward(ctx, x, *affine, eps=1e-6, has_weight=True):
         weight = affine[0] if has_weight else None
-        rstd = 1.0 / xp_of(x).sqrt(dot_last(x, x) / x.shape[-1] + eps)  # (..., C) -> (..., 1)
+        n = x.shape[-1] or 1  # subtle: rows of no features sum to 0; 0 / 1 keeps 0 / 0 away
+        rstd = 1.0 / xp_of(x).sqrt(dot_last(x, x) / n + eps)  # (..., C) -> (..., 1)
         xhat = x * rstd
         ctx.save_for_backward(xhat, rstd, weight)
         return xhat * weight if weight is not None else xhat
@@ -119,7 +120,7 @@ class RMSNorm(Function):
     def backward(ctx, grad_out):
         xhat, rstd, weight = ctx.saved
         g = grad_out * weight if weight is not None else grad_out
-        grad_x = xhat * (dot_last(g, xhat) / xhat.shape[-1])  # xhat mean(g xhat)
+        grad_x = xhat * (dot_last(g, xhat) / (xhat.shape[-1] or 1))  # xhat mean(g xhat)
         grad_x -= g
         grad_x *= -rstd  # r (g - xhat mean(g xhat)), built in place in one buffer
         if weight is None:

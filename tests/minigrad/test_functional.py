@@ -339,6 +339,16 @@ def test_norms_reject_mis_shaped_parameters():
         F.rms_norm(x, mg.ones(2))
 
 
+@pytest.mark.filterwarnings("error")  # 0 / 0 in the row means warned before the fix
+@pytest.mark.parametrize("norm", [F.layer_norm, F.rms_norm])
+def test_norms_of_rows_without_features_are_empty(norm):
+    x = mg.tensor(np.zeros((3, 0)), dtype="float64", requires_grad=True)
+    w = mg.tensor(np.zeros(0), dtype="float64", requires_grad=True)
+    y = norm(x, w)
+    y.backward(np.zeros((3, 0)))
+    assert y.shape == x.grad.shape == (3, 0) and w.grad.shape == (0,)
+
+
 # ---- linear and embedding ----------------------------------------------------------------------
 @pytest.mark.parametrize("x_shape", [(5, 4), (2, 3, 4), (4,)])
 @pytest.mark.parametrize("with_bias", [True, False])

@@ -594,8 +594,9 @@ def resume_configs(
     if not has_checkpoint(out_dir):
         raise CheckpointError(f"{out_dir}: no checkpoint to resume from (no '{LATEST}' file)")
     saved = load_checkpoint(out_dir, with_optimizer=False)
-    if preset is not None:
-        asked, _ = build_configs(preset, overrides)
+    if preset is not None:  # the preset's model, with the model settings given now
+        model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+        asked, _ = build_configs(preset, {k: overrides[k] for k in model_fields & set(overrides)})
         asked = dataclasses.replace(asked, vocab_size=saved.model_config.vocab_size)
         changed = _differences(saved.model_config, asked)
         if changed:

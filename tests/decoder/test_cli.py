@@ -18,6 +18,7 @@ import decoder.train as tr
 from decoder.checkpoint import load_checkpoint, load_model
 from decoder.config import PRESETS, build_configs
 from decoder.finetune import finetune, load_adapted, merge
+from decoder.rundir import RunDirError
 from decoder.train import train
 from minigrad.serialization import load_safetensors
 
@@ -253,3 +254,70 @@ def test_finetune_rejects_text_the_tokenizer_cannot_write(base_run, tmp_path, ca
     assert ft.main(argv) == 2
     err = capsys.readouterr().err
     assert "cannot be written with the base checkpoint's tokenizer" in err and "'Z'" in err
+
+
+# ---- the run directory and resume settings ------------------------------------------------------
+def test_a_second_run_into_one_out_is_refused_unless_overwritten(tmp_path, text_file, capsys):
+    run = tmp_path / "run"
+    argv = [*TINY, "--data", str(text_file), "--out", str(run), "--max_iters=4"]
+    argv += ["--warmup_iters=2", "--sample_tokens=0"]
+    assert tr.main(argv) == 0
+    step = load_checkpoint(run).step
+    assert tr.main(argv) == 2
+    assert "holds a previous run" in capsys.readouterr().err and load_checkpoint(run).step == step
+    assert tr.main([*argv, "--overwrite"]) == 0
+
+    assert tr.main(["--out", str(run), "--resume", "--tokenizer=bpe"]) == 2
+    assert "a resume cannot change tokenizer: 'char' -> 'bpe'" in capsys.readouterr().err
+    assert tr.main(["--out", str(run), "--resume", "--preset", "shakespeare-char"]) == 2
+    err = capsys.readouterr().err
+    assert "--preset shakespeare-char builds another model" in err and "n_layer: 2 -> 4" in err
+    again = ["--out", str(run), "--resume", *TINY, "--max_iters=6"]  # the run's own preset
+    assert tr.main(again) == 0 and load_checkpoint(run).step == 6
+
+
+def test_no_network_for_the_default_text_is_an_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    def offline():
+        raise RuntimeError("could not download Tiny Shakespeare: no network; pass --data PATH")
+
+    monkeypatch.setattr(tr, "load_shakespeare", offline)
+    assert tr.main([*TINY, "--out", str(tmp_path / "run")]) == 2
+    assert "error: could not download Tiny Shakespeare" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_finetune_refuses_a_previous_fine_tune_unless_overwritten(base_run, tmp_path):
+    text = make_text(["dog", "ran", "to", "me"], seed=1)
+    out = tmp_path / "lora"
+    finetune(base_run, text, out, r=2, max_iters=2, progress=False)
+    merge(out, out / "merged")
+    with pytest.raises(RunDirError, match=r"holds a previous run \(adapters.safetensors, "):
+        finetune(base_run, text, out, r=4, max_iters=2, progress=False)
+    with pytest.raises(RunDirError, match=r"holds a previous run \(ckpt-"):
+        merge(out, out / "merged")
+    assert json.loads((out / "lora.json").read_text())["r"] == 2
+    finetune(base_run, text, out, r=4, max_iters=2, progress=False, overwrite=True)
+    assert json.loads((out / "lora.json").read_text())["r"] == 4
+    assert sorted(p.name for p in out.iterdir()) == ["adapters.safetensors", "lora.json"]
+
+
+def test_finetune_diverges_as_training_does(base_run, tmp_path, monkeypatch, capsys):
+    def poisoned_model(*args, **kwargs):
+        model, tokenizer, ckpt = load_model(*args, **kwargs)
+        forward = model.forward
+
+        def nan_in_training(ids, targets=None, caches=None):
+            logits, loss = forward(ids, targets, caches)
+            return logits, loss * float("nan") if model.training else loss
+
+        model.forward = nan_in_training
+        return model, tokenizer, ckpt
+
+    monkeypatch.setattr(ft, "load_model", poisoned_model)
+    data = tmp_path / "new.txt"
+    data.write_text(make_text(["sat", "on", "a", "mat"], seed=2))
+    out = tmp_path / "o"
+    assert ft.main(["--checkpoint", str(base_run), "--data", str(data), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "error: the loss is nan at step 1: training stopped before that step" in err
+    assert not out.exists()  # nothing saved: the directory it created is removed

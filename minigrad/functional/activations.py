@@ -87,7 +87,13 @@ class Silu(Function):
 
 
 def check_approximate(approximate: str, op: str = "gelu") -> None:
-    """Raise unless ``approximate`` names one of GELU's two forms, "tanh" or "none"."""
+    """Raise unless ``approximate`` names one of GELU's two forms, "tanh" or "none".
+
+    >>> check_approximate("erf", "GELU")
+    Traceback (most recent call last):
+    ...
+    ValueError: GELU: approximate must be one of ('tanh', 'none'), got 'erf'
+    """
     if approximate not in GELU_FORMS:
         raise ValueError(f"{op}: approximate must be one of {GELU_FORMS}, got {approximate!r}")
 

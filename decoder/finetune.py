@@ -14,7 +14,10 @@ where the base is megabytes. ``--merge`` (or the ``merge`` command) folds the ad
 the base weights and writes a full checkpoint that decoder.generate reads like any other.
 
 The new text must be written in the base tokenizer's vocabulary: a character-level model
-cannot read characters it has never seen (the error lists them).
+cannot read characters it has never seen (the error lists them). Each step is
+decoder.step.train_step, the one decoder.train takes (a NaN loss stops both the same way).
+``--out`` is held as decoder.rundir describes: locked while in use, and a previous
+fine-tune's adapters (or a merged checkpoint) are replaced only with ``--overwrite``.
 
 Left out on purpose: QLoRA (quantised bases), adapters on embeddings, several adapters at
 once, and resuming a fine-tune (they take minutes). Follows Hu et al. 2021 ("LoRA") and

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: train test test-fast lint bench bench-train lessons lessons-run clean
+.PHONY: train test test-fast lint bench bench-train gpu-check lessons lessons-run clean
 
 $(VENV)/.stamp-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ bench: $(VENV)/.stamp-oracle
 # shakespeare-char trained by minigrad and by a PyTorch twin (about seven minutes)
 bench-train: $(VENV)/.stamp-oracle
 	$(PY) bench/train_vs_torch.py $(ARGS)
+
+# On a machine with an NVIDIA GPU: GPU tests, compute-sanitizer on the kernels, the GPU
+# benchmarks (minutes: those dominate); writes bench/results/gpu-<gpu name>.md.
+$(VENV)/.stamp-gpu: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle
+	$(PIP) install -e '.[gpu]'
+	touch $@
+
+gpu-check: $(VENV)/.stamp-gpu
+	$(PY) bench/gpu_check.py $(ARGS)
 
 lessons: $(VENV)/.stamp-dev
 	$(VENV)/bin/jupyter notebook lessons/

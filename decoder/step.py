@@ -6,7 +6,7 @@ mode. decoder.train (pre-training) and decoder.finetune (LoRA) both call them, a
 any later trainer, so that a step means the same thing, and fails the same way, everywhere.
 
 Left out on purpose: choosing the batch and the learning rate (each trainer has its own
-generator and schedule; see ``set_lr``), gradient accumulation and mixed precision.
+generator and schedule: minigrad.optim.set_lr), gradient accumulation, mixed precision.
 Follows the body of nanoGPT's training loop and its ``estimate_loss``.
 """
 
@@ -40,12 +40,12 @@ def train_step(
 ) -> float:
     """One optimiser step on the batch ``x`` (B, T) with next tokens ``y`` (B, T); the loss.
 
-    From ``cfg`` it takes ``device`` and ``grad_clip`` (> 0: scale the trainable parameters'
-    gradients to that global norm at most). ``step`` (1-based) only names the step in the
-    error: a NaN or infinite loss raises TrainingDiverged before the backward pass, so the
-    weights stay as they were.
+    From ``cfg`` it takes ``grad_clip`` (> 0: scale the trainable parameters' gradients to
+    that global norm at most); the batch goes to the model's device. ``step`` (1-based) only
+    names the step in the error: a NaN or infinite loss raises TrainingDiverged before the
+    backward pass, so the weights stay as they were.
     """
-    _, loss = model(mg.Tensor(x, device=cfg.device), mg.Tensor(y, device=cfg.device))
+    _, loss = model(x, y)  # host arrays: the model checks them there and moves them
     loss_value = loss.item()
     if not math.isfinite(loss_value):
         raise TrainingDiverged(
@@ -70,7 +70,7 @@ def estimate_loss(
     splits: Sequence[str] = SPLITS,
 ) -> dict[str, float]:
     """Mean loss over ``cfg.eval_iters`` batches of ``cfg.batch_size`` windows of each split,
-    in eval mode (no dropout), on ``cfg.device``.
+    in eval mode (no dropout), on the model's device.
 
     Each split's batches come from a generator seeded afresh from ``cfg.seed`` and the
     split, so every evaluation scores the same tokens (evaluations compare across steps and
@@ -88,7 +88,7 @@ def estimate_loss(
         total = 0.0
         for _ in range(cfg.eval_iters):
             x, y = data.get_batch(split, cfg.batch_size, block_size, rng)
-            _, loss = model(mg.Tensor(x, device=cfg.device), mg.Tensor(y, device=cfg.device))
+            _, loss = model(x, y)  # host arrays, checked there, then moved by the model
             total += loss.item()
         losses[split] = total / cfg.eval_iters
     model.train()

@@ -1,6 +1,7 @@
 """decoder.train: exact resume, NaN handling, logs, the run directory, the sample, and the
 checks made when resuming."""
 
+import dataclasses
 import json
 import os
 
@@ -11,7 +12,9 @@ from matplotlib.figure import Figure
 import decoder.train as tr
 from decoder.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from decoder.config import build_configs
+from decoder.data import TokenDataset
 from decoder.rundir import RunDirError, claim_dir
+from decoder.step import estimate_loss
 from decoder.train import TrainingDiverged, train
 
 
@@ -227,3 +230,17 @@ def test_resume_refuses_settings_it_cannot_change(tmp_path, change, named):
         train(model_cfg, changed_cfg, TEXT, tmp_path, resume=True, progress=False)
     _, longer = configs(max_iters=8, warmup_iters=2)  # max_iters is the run's to change
     assert train(model_cfg, longer, TEXT, tmp_path, resume=True, progress=False)["step"] == 8
+
+
+def test_estimate_loss_scores_a_split_alone_as_it_does_beside_the_other():
+    model_cfg, train_cfg = configs()
+    tokenizer = tr.make_tokenizer(train_cfg, TEXT)
+    data = TokenDataset(tokenizer.encode(TEXT))
+    model = tr.Decoder(dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size))
+    both = estimate_loss(model, data, train_cfg, model_cfg.block_size)
+    assert estimate_loss(model, data, train_cfg, model_cfg.block_size, splits=("val",)) == {
+        "val": both["val"]
+    }
+    assert model.training  # back in training mode
+    with pytest.raises(ValueError, match=r"unknown splits \['test'\]"):
+        estimate_loss(model, data, train_cfg, model_cfg.block_size, splits=("test",))

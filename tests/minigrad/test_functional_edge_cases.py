@@ -117,14 +117,18 @@ def _cross_entropy_cases() -> dict[str, list]:
 
 
 def _norm_cases(name: str) -> dict[str, list]:
-    if name == "layer_norm":
-        ours = F.layer_norm
-        theirs = lambda x, w=None, b=None: tf.layer_norm(x, x.shape[-1:], w, b, eps=1e-5)  # noqa: E731
-        affine = lambda c: (np.linspace(0.5, 2, c), np.linspace(-1, 1, c))  # noqa: E731
-    else:
-        ours = F.rms_norm
-        theirs = lambda x, w=None: tf.rms_norm(x, x.shape[-1:], w, eps=1e-6)  # noqa: E731
-        affine = lambda c: (np.linspace(0.5, 2, c),)  # noqa: E731
+    """Cases for layer_norm (x, weight, bias) or rms_norm (x, weight), over the last axis."""
+    ours = getattr(F, name)
+
+    def theirs(x, *params):
+        return getattr(tf, name)(
+            x, x.shape[-1:], *params, eps=1e-5 if name == "layer_norm" else 1e-6
+        )
+
+    def affine(c):  # weight (and bias) for C = c features
+        params = (np.linspace(0.5, 2, c), np.linspace(-1, 1, c))
+        return params if name == "layer_norm" else params[:1]
+
     return {
         "zero_d": [
             Refused(ours, theirs, (x,), f"{name} 0-d", ValueError, "x is 0-d")

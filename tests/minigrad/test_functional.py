@@ -454,6 +454,59 @@ def test_dropout_at_p_one_drops_everything():
     np.testing.assert_array_equal(x.grad, np.zeros(4))
 
 
+# ---- 0-d, empty and integer inputs (known answers; the torch comparisons are in
+# test_functional_edge_cases.py, which skips without torch) --------------------------------------
+def test_softmax_family_on_0d_and_empty_inputs():
+    """A 0-d tensor is one row of one element; a row of no elements gives an empty result."""
+    assert F.softmax(mg.tensor(3.0)).item() == 1.0 and F.log_softmax(mg.tensor(3.0)).item() == 0.0
+    for fn in (F.softmax, F.log_softmax):
+        x = mg.tensor(np.zeros((5, 0)), dtype="float64", requires_grad=True)
+        y = fn(x)
+        y.backward(np.zeros((5, 0)))
+        assert y.shape == x.grad.shape == (5, 0)
+
+
+def test_linear_with_no_input_features_is_the_bias():
+    x = mg.tensor(np.zeros((3, 0)), dtype="float64", requires_grad=True)
+    w = mg.tensor(np.zeros((4, 0)), dtype="float64", requires_grad=True)
+    b = mg.tensor(np.arange(4.0), dtype="float64", requires_grad=True)
+    y = F.linear(x, w, b)
+    y.backward(np.ones((3, 4)))
+    np.testing.assert_array_equal(y.numpy(), np.tile(np.arange(4.0), (3, 1)))
+    assert w.grad.shape == (4, 0) and b.grad.tolist() == [3.0] * 4
+
+
+@pytest.mark.parametrize(
+    "reduction, expected", [("mean", [math.nan]), ("sum", [0.0]), ("none", [0.0] * 3)]
+)
+def test_cross_entropy_with_no_classes_has_no_terms(reduction, expected):
+    """V = 0 is possible only with every target ignored: torch's nan, 0 and zeros."""
+    loss = F.cross_entropy(
+        mg.tensor(np.zeros((3, 0)), dtype="float64"), [-100] * 3, reduction=reduction
+    )
+    np.testing.assert_array_equal(loss.numpy().reshape(-1), expected)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x: F.softmax(x),
+        lambda x: F.log_softmax(x),
+        lambda x: F.cross_entropy(x.reshape(1, 3), [0]),
+        lambda x: F.gelu(x),
+        lambda x: F.gelu(x, approximate="none"),
+        lambda x: F.silu(x),
+        lambda x: F.layer_norm(x),
+        lambda x: F.rms_norm(x),
+        lambda x: F.dropout(x, 0.5),
+        lambda x: F.scaled_dot_product_attention(*[x.reshape(1, 1, 3, 1)] * 3),
+    ],
+)
+def test_float_ops_refuse_integer_tensors(call):
+    with pytest.raises(TypeError, match=r"must be a floating-point tensor, got dtype int64"):
+        call(mg.tensor([1, 2, 3]))
+
+
 # ---- every op on every device ------------------------------------------------------------------
 def run_on(device, op, *arrays):
     """op's output and its inputs' gradients (None where unused), as NumPy arrays."""

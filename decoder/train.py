@@ -4,9 +4,9 @@
     python -m decoder.train --preset tiny --max_iters=200    # any config field as --key=value
     python -m decoder.train --out runs/shakespeare-char --resume
 
-One step (decoder.step.train_step): sample a batch, forward, backward, clip the gradient's
-global norm, set the learning rate of a cosine schedule with linear warmup, take an AdamW
-step. Every ``eval_interval`` steps (and at the end) the model is evaluated on fixed batches
+One step: set the learning rate of a cosine schedule with linear warmup, sample a batch,
+then decoder.step.train_step: forward, backward, clip the gradient's global norm, take an
+AdamW step. Every ``eval_interval`` steps (and at the end) the model is evaluated on fixed batches
 of both splits (decoder.step.estimate_loss), a checkpoint is written (see decoder.checkpoint
 for the directory layout and why it is atomic), and only then does a row go into
 ``log.jsonl`` and ``loss.png`` get redrawn: the log never claims a step whose checkpoint did

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from minigrad.backend import get_xp, to_device
-from minigrad.tensor import DEFAULT_FLOAT, Tensor
+from minigrad.dtypes import DEFAULT_FLOAT
+from minigrad.tensor import Tensor
 
 _rng = np.random.default_rng(0)
 

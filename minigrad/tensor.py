@@ -6,10 +6,15 @@ file only turns Python syntax (``a + b``, ``x[1:]``, ``x.sum(-1)``) into those c
 Python numbers and arrays to constant Tensors on the way.
 
 Dtypes follow PyTorch: float32 by default for Python floats, int64 for ints, and NumPy arrays
-keep their dtype; only floating tensors may require grad. Composite methods (``var``,
-``softmax``-free helpers such as ``squeeze``, ``stack``, ``split``) are built from the ops, so
-their gradients need no code of their own. Left out on purpose: in-place ops, views that share
-gradient storage, complex numbers.
+keep their dtype; only numeric dtypes are accepted, and only floating tensors may require grad.
+An op over mixed dtypes uses PyTorch's promotion (``minigrad.dtypes``): int64 * float32 is
+float32, and a 0-d tensor or a Python number widens a tensor only into a higher category
+(float32 + a 0-d float64 tensor stays float32; int64 + 2.5 is float32). Division and the
+transcendental functions (exp, log, sqrt, tanh, sigmoid) of integers give float32, as in
+PyTorch; matmul promotes too (PyTorch refuses mixed dtypes there). Composite methods (``var``,
+``squeeze``, ``stack``, ``split``, ``gather``) are built from the ops, so their gradients need
+no code of their own. Left out on purpose: in-place ops, views that share gradient storage,
+complex numbers.
 """
 
 from __future__ import annotations
@@ -22,13 +27,32 @@ import numpy as np
 
 from minigrad import autograd
 from minigrad.backend import check_device, device_of, to_device, to_numpy, xp_of
-from minigrad.ops import elementwise as E
-from minigrad.ops import index as I
-from minigrad.ops import matmul as M
-from minigrad.ops import movement as V
-from minigrad.ops import reduce as R
+from minigrad.dtypes import DEFAULT_FLOAT, category, result_type
+from minigrad.ops.elementwise import (
+    Abs,
+    Add,
+    Cast,
+    Clip,
+    Div,
+    Exp,
+    Log,
+    Maximum,
+    Mul,
+    Neg,
+    Pow,
+    Relu,
+    Sigmoid,
+    Sqrt,
+    Sub,
+    Tanh,
+    Where,
+)
+from minigrad.ops.index import GetItem, TakeAlongAxis
+from minigrad.ops.matmul import MatMul
+from minigrad.ops.movement import Concatenate, Expand, Reshape, Transpose
+from minigrad.ops.reduce import Max, Mean, Sum, Var, normalize_axes
 
-DEFAULT_FLOAT = np.float32  # the dtype of Tensors made from Python floats, as in PyTorch
+_NUMBERS = (int, float, bool)  # Python numbers stay numbers inside constants (see Tensor._lift)
 
 
 class Tensor:
@@ -45,6 +69,7 @@ class Tensor:
             if dtype is None and data.dtype == np.float64:
                 dtype = DEFAULT_FLOAT  # Python floats become float32, as in PyTorch
         data = xp_of(data).asarray(data, dtype=dtype)
+        _check_numeric(data.dtype)
         if device is not None:
             data = to_device(data, device)
         self.data = data
@@ -160,7 +185,7 @@ class Tensor:
             return self
         if dtype.kind != "f":  # as in PyTorch, only floating tensors carry gradients
             return Tensor._from_op(self.data.astype(dtype), False)
-        return E.Cast.apply(self, dtype=dtype)
+        return Cast.apply(self, dtype=dtype)
 
     def float(self) -> Tensor:
         return self.astype(np.float32)
@@ -182,48 +207,52 @@ class Tensor:
             return other
         if isinstance(other, np.generic):  # a NumPy scalar counts as a Python number, as in torch
             other = other.item()
-        if isinstance(other, (int, float, bool)):
+        if isinstance(other, _NUMBERS):
             return Tensor._from_op(other, False)
-        return Tensor._from_op(xp_of(self.data).asarray(other), False)
+        if isinstance(other, complex):
+            raise TypeError(f"{other} with a {self.dtype} tensor: complex numbers are left out")
+        data = xp_of(self.data).asarray(other)
+        _check_numeric(data.dtype)
+        return Tensor._from_op(data, False)
 
     def __add__(self, other):
-        return E.Add.apply(self, self._lift(other))
+        return _binary(Add, self, self._lift(other))
 
     def __radd__(self, other):
-        return E.Add.apply(self._lift(other), self)
+        return _binary(Add, self._lift(other), self)
 
     def __sub__(self, other):
-        return E.Sub.apply(self, self._lift(other))
+        return _binary(Sub, self, self._lift(other))
 
     def __rsub__(self, other):
-        return E.Sub.apply(self._lift(other), self)
+        return _binary(Sub, self._lift(other), self)
 
     def __mul__(self, other):
-        return E.Mul.apply(self, self._lift(other))
+        return _binary(Mul, self, self._lift(other))
 
     def __rmul__(self, other):
-        return E.Mul.apply(self._lift(other), self)
+        return _binary(Mul, self._lift(other), self)
 
     def __truediv__(self, other):
-        return E.Div.apply(self, self._lift(other))
+        return _binary(Div, self, self._lift(other), floating=True)
 
     def __rtruediv__(self, other):
-        return E.Div.apply(self._lift(other), self)
+        return _binary(Div, self._lift(other), self, floating=True)
 
     def __pow__(self, other):
-        return E.Pow.apply(self, self._lift(other))
+        return _binary(Pow, self, self._lift(other))
 
     def __rpow__(self, other):
-        return E.Pow.apply(self._lift(other), self)
+        return _binary(Pow, self._lift(other), self)
 
     def __matmul__(self, other):
-        return M.MatMul.apply(self, self._lift(other))
+        return _binary(MatMul, self, self._lift(other))
 
     def __rmatmul__(self, other):
-        return M.MatMul.apply(self._lift(other), self)
+        return _binary(MatMul, self._lift(other), self)
 
     def __neg__(self):
-        return E.Neg.apply(self)
+        return Neg.apply(self)
 
     # Comparisons give boolean tensors and record no graph (they have no useful gradient).
     def _compare(self, other, op) -> Tensor:
@@ -251,52 +280,74 @@ class Tensor:
     __hash__ = object.__hash__  # identity hashing, kept although == is elementwise
 
     # ---- unary math ------------------------------------------------------------------------
+    def _check_floating(self, op: str) -> None:
+        if self.dtype.kind != "f":
+            raise TypeError(
+                f"{op} of a {self.dtype} tensor: PyTorch refuses to guess the result dtype; "
+                f"cast first with .float() or .double()"
+            )
+
+    def _floating(self) -> Tensor:
+        """Self, or self as float32 if it holds integers (PyTorch's rule for exp, log, ...)."""
+        return self if self.dtype.kind == "f" else self.astype(DEFAULT_FLOAT)
+
     def exp(self) -> Tensor:
-        return E.Exp.apply(self)
+        return Exp.apply(self._floating())
 
     def log(self) -> Tensor:
-        return E.Log.apply(self)
+        return Log.apply(self._floating())
 
     def sqrt(self) -> Tensor:
-        return E.Sqrt.apply(self)
+        return Sqrt.apply(self._floating())
 
     def tanh(self) -> Tensor:
-        return E.Tanh.apply(self)
+        return Tanh.apply(self._floating())
 
     def sigmoid(self) -> Tensor:
-        return E.Sigmoid.apply(self)
+        return Sigmoid.apply(self._floating())
 
     def relu(self) -> Tensor:
-        return E.Relu.apply(self)
+        return Relu.apply(self)
 
     def abs(self) -> Tensor:
-        return E.Abs.apply(self)
+        return Abs.apply(self)
 
     def clip(self, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
         if min is None and max is None:
             raise ValueError("clip: give at least one of min and max")
-        return E.Clip.apply(self, lo=min, hi=max)
+        return Clip.apply(self, lo=min, hi=max)
 
     def maximum(self, other) -> Tensor:
-        return E.Maximum.apply(self, self._lift(other))
+        return _binary(Maximum, self, self._lift(other))
 
     def where(self, cond, other) -> Tensor:
         """``cond ? self : other`` (torch's ``Tensor.where``)."""
         return where(cond, self, other)
 
     def masked_fill(self, mask, value: float) -> Tensor:
-        """``value`` where ``mask`` is True, self elsewhere; mask broadcasts against self."""
-        return where(mask, value, self)
+        """``value`` where ``mask`` is True, self elsewhere; mask broadcasts against self.
+
+        As in PyTorch the result keeps self's dtype (``value`` is converted to it), and
+        ``value`` is a number or a 0-d tensor.
+        """
+        if isinstance(value, (complex, np.complexfloating)):
+            raise TypeError(f"masked_fill: value {value} is complex; minigrad tensors are real")
+        if isinstance(value, Tensor) and value.ndim != 0:
+            raise ValueError(
+                f"masked_fill: value must be a number or a 0-d tensor, got shape {value.shape}"
+            )
+        return where(mask, value, self).astype(self.dtype)
 
     # ---- reductions ------------------------------------------------------------------------
     def sum(self, axis=None, keepdims: bool = False) -> Tensor:
-        return R.Sum.apply(self, axis=axis, keepdims=keepdims)
+        return Sum.apply(self, axis=axis, keepdims=keepdims)
 
     def mean(self, axis=None, keepdims: bool = False) -> Tensor:
-        return R.Mean.apply(self, axis=axis, keepdims=keepdims)
+        self._check_floating("mean")
+        return Mean.apply(self, axis=axis, keepdims=keepdims)
 
     def max(self, axis=None, keepdims: bool = False) -> Tensor:
-        return R.Max.apply(self, axis=axis, keepdims=keepdims)
+        return Max.apply(self, axis=axis, keepdims=keepdims)
 
     def min(self, axis=None, keepdims: bool = False) -> Tensor:
         return -((-self).max(axis=axis, keepdims=keepdims))
@@ -306,30 +357,46 @@ class Tensor:
 
         correction=0 is NumPy's default (and what LayerNorm uses); torch.var defaults to 1.
         """
-        n = math.prod(self.shape[a] for a in R.normalize_axes(axis, self.ndim))
-        centered = self - self.mean(axis=axis, keepdims=True)
-        return (centered * centered).sum(axis=axis, keepdims=keepdims) / (n - correction)
+        self._check_floating("var")
+        return Var.apply(self, axis=axis, keepdims=keepdims, correction=correction)
 
     def argmax(self, axis=None) -> Tensor:
-        """Indices of the maxima (an integer tensor, outside the graph)."""
-        return Tensor._from_op(xp_of(self.data).argmax(self.data, axis=axis), False)
+        """Indices of the maxima (an integer tensor, outside the graph); the first of ties."""
+        axes = normalize_axes(axis, self.ndim)
+        if any(self.shape[a] == 0 for a in axes):
+            raise ValueError(f"argmax over an empty axis of a tensor of shape {self.shape}")
+        xp = xp_of(self.data)
+        if self.ndim == 0:  # a 0-d tensor accepts axis 0 or -1; its only index is 0
+            return Tensor._from_op(xp.zeros((), dtype=np.int64), False)
+        return Tensor._from_op(xp.asarray(xp.argmax(self.data, axis=axis)), False)
 
     # ---- shape -----------------------------------------------------------------------------
     def reshape(self, *shape) -> Tensor:
         shape = _shape_arg(shape)
-        return self if shape == self.shape else V.Reshape.apply(self, shape=shape)
+        return self if shape == self.shape else Reshape.apply(self, shape=shape)
 
     view = reshape
 
     def transpose(self, *axes) -> Tensor:
-        """Permute axes (NumPy's rule); with no axes, reverse them."""
+        """Permute axes (NumPy's rule); with no axes, reverse them.
+
+        A 0-d tensor accepts axis 0 (or -1) and comes back unchanged, as in PyTorch.
+        """
         axes = _shape_arg(axes) or tuple(reversed(range(self.ndim)))
+        if self.ndim == 0:
+            for a in axes:  # only 0 and -1 are valid: check them, then there is nothing to move
+                normalize_axes(a, 0)
+            return self
         if sorted(a % self.ndim for a in axes) != list(range(self.ndim)):
             raise ValueError(f"transpose: {axes} is not a permutation of {self.ndim} axes")
-        return V.Transpose.apply(self, axes=tuple(a % self.ndim for a in axes))
+        return Transpose.apply(self, axes=tuple(a % self.ndim for a in axes))
 
     def swapaxes(self, a: int, b: int) -> Tensor:
+        """Exchange two axes (torch's ``transpose(a, b)``)."""
+        if self.ndim == 0:
+            return self.transpose(a, b)
         axes = list(range(self.ndim))
+        (a,), (b,) = normalize_axes(a, self.ndim), normalize_axes(b, self.ndim)
         axes[a], axes[b] = axes[b], axes[a]
         return self.transpose(*axes)
 
@@ -344,17 +411,15 @@ class Tensor:
         shape = tuple(
             self.shape[i - lead] if n == -1 and i >= lead else n for i, n in enumerate(shape)
         )
-        return self if shape == self.shape else V.Expand.apply(self, shape=shape)
+        return self if shape == self.shape else Expand.apply(self, shape=shape)
 
     def broadcast_to(self, shape) -> Tensor:
         return self.expand(*shape)
 
     def squeeze(self, axis=None) -> Tensor:
-        """Drop size-1 axes (all of them, or the ones named)."""
-        axes = range(self.ndim) if axis is None else R.normalize_axes(axis, self.ndim)
-        for a in axes:
-            if axis is not None and self.shape[a] != 1:
-                raise ValueError(f"squeeze: axis {a} has size {self.shape[a]}, not 1")
+        """Drop size-1 axes: all of them, or those named (a named axis of another size stays,
+        as in PyTorch)."""
+        axes = range(self.ndim) if axis is None else normalize_axes(axis, self.ndim)
         return self.reshape(*(n for i, n in enumerate(self.shape) if not (i in axes and n == 1)))
 
     def unsqueeze(self, axis: int) -> Tensor:
@@ -363,14 +428,48 @@ class Tensor:
         return self.reshape(*self.shape[:axis], 1, *self.shape[axis:])
 
     def flatten(self, start_axis: int = 0) -> Tensor:
-        return self.reshape(*self.shape[:start_axis], -1)
+        """Merge the axes from ``start_axis`` on into one (a 0-d tensor becomes shape (1,))."""
+        if self.ndim == 0:
+            return self.reshape(1)
+        (start,) = normalize_axes(start_axis, self.ndim)
+        # subtle: the merged size is counted, not -1: reshape cannot infer -1 with 0 elements
+        return self.reshape(*self.shape[:start], math.prod(self.shape[start:]))
 
     def __getitem__(self, index) -> Tensor:
-        return I.GetItem.apply(self, index=_index_arg(index))
+        return GetItem.apply(self, index=_index_arg(index))
 
     def gather(self, axis: int, index) -> Tensor:
-        """torch.gather: out[..i..] = self[..index[..i..]..] along ``axis``."""
-        return take_along_axis(self, index, axis)
+        """torch.gather: along ``axis``, out[..i..] = self[..index[..i..]..].
+
+        PyTorch's rules, not NumPy's: the output has the index's shape, the index must have as
+        many dimensions as self and be no larger on the other axes (it reads the leading part
+        of them; nothing broadcasts), and indices are in [0, size). A 0-d self or index counts
+        as one dimension of size 1.
+        """
+        index = _integer_tensor(index, "gather")
+        x = self.reshape(1) if self.ndim == 0 else self
+        idx = index.reshape(1) if index.ndim == 0 else index
+        if idx.ndim != x.ndim:
+            raise ValueError(
+                f"gather: index has {index.ndim} dimensions but the tensor has {self.ndim}; "
+                f"they must match (unsqueeze the index)"
+            )
+        (axis,) = normalize_axes(axis, x.ndim)
+        for d, (n_idx, n) in enumerate(zip(idx.shape, x.shape, strict=True)):
+            if d != axis and n_idx > n:
+                raise ValueError(
+                    f"gather: index shape {idx.shape} is larger than the tensor's {x.shape} at "
+                    f"axis {d}; apart from axis {axis} it must be no larger"
+                )
+        if idx.size and int(idx.data.min()) < 0:
+            raise IndexError(
+                f"gather: index {int(idx.data.min())} is negative; torch.gather refuses "
+                f"negative indices (take_along_axis accepts them, counting from the end)"
+            )
+        if idx.shape[:axis] + idx.shape[axis + 1 :] != x.shape[:axis] + x.shape[axis + 1 :]:
+            # (a, n, b) -> the leading part (a', n, b') that the index reads
+            x = x[tuple(slice(None) if d == axis else slice(n) for d, n in enumerate(idx.shape))]
+        return take_along_axis(x, idx, axis).reshape(index.shape)
 
     def split(self, sections, axis: int = 0) -> list[Tensor]:
         return split(self, sections, axis)
@@ -429,19 +528,22 @@ def where(cond, x, y) -> Tensor:
     cond = cond if isinstance(cond, Tensor) else Tensor._from_op(xp.asarray(cond), False)
     if cond.dtype != bool:
         raise TypeError(f"where: the condition must be boolean, got dtype {cond.dtype}")
-    return E.Where.apply(cond, x, y)
+    return Where.apply(cond, *_promote(x, y))
 
 
 def maximum(x, y) -> Tensor:
     like = x if isinstance(x, Tensor) else y
-    return E.Maximum.apply(_as_tensor(x, like), _as_tensor(y, like))
+    return _binary(Maximum, _as_tensor(x, like), _as_tensor(y, like))
 
 
 def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     if len(tensors) == 0:
         raise ValueError("concatenate needs at least one tensor")
-    tensors = [_as_tensor(t) for t in tensors]
-    return V.Concatenate.apply(*tensors, axis=axis % tensors[0].ndim)
+    tensors = _promote(*(_as_tensor(t) for t in tensors))
+    if tensors[0].ndim == 0:
+        raise ValueError("concatenate: 0-d tensors have no axis to join along (use stack)")
+    (axis,) = normalize_axes(axis, tensors[0].ndim)
+    return Concatenate.apply(*tensors, axis=axis)
 
 
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
@@ -477,11 +579,50 @@ def split(x: Tensor, sections: int | Sequence[int], axis: int = 0) -> list[Tenso
 
 
 def take_along_axis(x: Tensor, indices, axis: int) -> Tensor:
-    """NumPy's take_along_axis (torch.gather with the arguments reordered)."""
-    indices = indices if isinstance(indices, Tensor) else Tensor(np.asarray(indices))
-    if indices.dtype.kind not in "iu":
-        raise TypeError(f"take_along_axis: indices must be integers, got dtype {indices.dtype}")
-    return I.TakeAlongAxis.apply(x, indices, axis=axis)
+    """NumPy's take_along_axis: like torch.gather, but the index and x broadcast against each
+    other on the other axes, and negative indices count from the end."""
+    indices = _integer_tensor(indices, "take_along_axis")
+    if x.ndim == 0:
+        raise ValueError("take_along_axis: x is 0-d; it needs an axis (Tensor.gather takes 0-d)")
+    (axis,) = normalize_axes(axis, x.ndim)
+    return TakeAlongAxis.apply(x, indices, axis=axis)
+
+
+def _integer_tensor(index, op: str) -> Tensor:
+    """``index`` as a Tensor, refusing anything but integers."""
+    index = index if isinstance(index, Tensor) else Tensor(np.asarray(index))
+    if index.dtype.kind not in "iu":
+        raise TypeError(f"{op}: indices must be integers, got dtype {index.dtype}")
+    return index
+
+
+def _check_numeric(dtype: np.dtype) -> None:
+    if dtype.kind not in "biuf":
+        raise TypeError(
+            f"a tensor holds real numbers (bool, integer, floating), got dtype {dtype}: "
+            f"convert the data first (complex numbers are left out on purpose)"
+        )
+
+
+def _promote(*tensors: Tensor, floating: bool = False) -> list[Tensor]:
+    """The tensors cast to PyTorch's result dtype (``minigrad.dtypes.result_type``), or to
+    float32 where that is an integer type and ``floating`` asks for a floating result.
+
+    Python numbers (inside constants) stay numbers: NumPy's weak scalars already take the
+    dtype of the arrays they meet, and building a 0-d array for each would cost time.
+    """
+    dtype = result_type(*(t.data for t in tensors))
+    if floating and category(dtype) < 2:
+        dtype = DEFAULT_FLOAT
+    return [t if type(t.data) in _NUMBERS or t.dtype == dtype else t.astype(dtype) for t in tensors]
+
+
+def _binary(fn: type[autograd.Function], x: Tensor, y: Tensor, floating: bool = False) -> Tensor:
+    """``fn`` over x and y after type promotion (``floating``: see ``_promote``)."""
+    dx, dy = getattr(x.data, "dtype", None), getattr(y.data, "dtype", None)
+    if dx is None or dx != dy or (floating and dx.kind != "f"):  # fast path: one dtype
+        x, y = _promote(x, y, floating=floating)
+    return fn.apply(x, y)
 
 
 def matmul(x, y) -> Tensor:

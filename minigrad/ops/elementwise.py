@@ -2,8 +2,11 @@
 
 Each backward returns gradients shaped like the *output*; the engine sums them back to each
 input's broadcast shape (``autograd.unbroadcast``), so none of these code paths broadcasts.
-Gradients at kinks follow PyTorch: relu'(0) = 0, |x|'(0) = 0, and ties in ``maximum`` split
-the gradient evenly. Left out on purpose: in-place variants.
+Values and gradients at the corners follow PyTorch's ``derivatives.yaml``: relu'(0) = 0,
+|x|'(0) = 0, ties in ``maximum`` split the gradient evenly, a NaN input passes the gradient
+through relu and maximum but not abs, and x ** y has gradient 0 (not NaN) at y = 0 and, for the
+exponent, at x = 0. Masks select with ``where`` rather than multiply, so an inf or NaN that is
+masked out stays out (0 * inf would be NaN). Left out on purpose: in-place variants.
 """
 
 from __future__ import annotations
@@ -68,7 +71,11 @@ class Div(Function):
 
 
 class Pow(Function):
-    """z = x ** y;  dz/dx = y * x^(y-1),  dz/dy = z * log(x) (only asked for when y needs it)."""
+    """z = x ** y;  dz/dx = y * x^(y-1),  dz/dy = z * log(x).
+
+    subtle: at x = 0 the formulas give 0 * inf = NaN where the limit is 0, so (as PyTorch)
+    dz/dx = 0 wherever y = 0, and dz/dy = 0 wherever x = 0 and y >= 0.
+    """
 
     @staticmethod
     def forward(ctx, x, y):
@@ -79,9 +86,13 @@ class Pow(Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, y, z = ctx.saved
+        xp = xp_of(grad_out)
         need_x, need_y = ctx.needs_input_grad
-        grad_x = grad_out * y * x ** (y - 1) if need_x else None
-        grad_y = grad_out * z * xp_of(x).log(x) if need_y else None
+        grad_x = grad_y = None
+        if need_x:
+            grad_x = xp.where(y == 0, 0, grad_out * y * x ** (y - 1))
+        if need_y:
+            grad_y = xp.where((x == 0) & (y >= 0), 0, grad_out * z * xp.log(x))
         return grad_x, grad_y
 
 
@@ -175,22 +186,25 @@ class Sigmoid(Function):
 
 
 class Relu(Function):
-    """z = max(x, 0);  dz/dx = 1 where x > 0, else 0."""
+    """z = max(x, 0);  dz/dx = 0 where x <= 0, else 1 (so 1 at NaN, as PyTorch).
+
+    Written as a selection, not x * [x > 0]: that gives NaN at -inf and -0.0 at -3.
+    relu(NaN) = NaN and relu(-0.0) = -0.0, as in PyTorch.
+    """
 
     @staticmethod
     def forward(ctx, x):
-        mask = x > 0
-        ctx.save_for_backward(mask)
-        return x * mask
+        ctx.save_for_backward(x <= 0)  # NaN <= 0 is False: NaN passes the gradient
+        return xp_of(x).where(x < 0, x.dtype.type(0), x)  # x < 0, not <=: -0.0 stays -0.0
 
     @staticmethod
     def backward(ctx, grad_out):
-        (mask,) = ctx.saved
-        return grad_out * mask
+        (off,) = ctx.saved
+        return xp_of(grad_out).where(off, grad_out.dtype.type(0), grad_out)
 
 
 class Abs(Function):
-    """z = |x|;  dz/dx = sign(x) (0 at 0)."""
+    """z = |x|;  dz/dx = sign(x) (0 at 0, and 0 at NaN as PyTorch's sgn)."""
 
     @staticmethod
     def forward(ctx, x):
@@ -200,11 +214,17 @@ class Abs(Function):
     @staticmethod
     def backward(ctx, grad_out):
         (x,) = ctx.saved
-        return grad_out * xp_of(x).sign(x)
+        xp = xp_of(x)
+        return grad_out * xp.where(xp.isnan(x), 0, xp.sign(x))
 
 
 class Maximum(Function):
-    """z = max(x, y) elementwise;  dz/dx = [x > y] + [x == y] / 2,  dz/dy likewise."""
+    """z = max(x, y) elementwise (NaN if either is);  dz/dx = 0 where x < y, 1/2 where x == y,
+    else 1;  dz/dy likewise.
+
+    subtle: "else" includes NaN: a NaN in either input passes the full gradient to both, and a
+    tie splits it, as PyTorch's ``maximum`` does.
+    """
 
     @staticmethod
     def forward(ctx, x, y):
@@ -215,8 +235,10 @@ class Maximum(Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, y = ctx.saved
-        share_x = (x > y) + 0.5 * (x == y)  # subtle: a tie splits the gradient, as torch does
-        return grad_out * share_x, grad_out * (1 - share_x)
+        xp = xp_of(grad_out)
+        zero = grad_out.dtype.type(0)
+        shared = xp.where(x == y, grad_out / 2, grad_out)
+        return xp.where(x < y, zero, shared), xp.where(x > y, zero, shared)
 
 
 class Clip(Function):
@@ -235,7 +257,7 @@ class Clip(Function):
     @staticmethod
     def backward(ctx, grad_out):
         (inside,) = ctx.saved
-        return grad_out * inside
+        return xp_of(grad_out).where(inside, grad_out, grad_out.dtype.type(0))
 
 
 class Where(Function):

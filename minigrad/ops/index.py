@@ -1,4 +1,4 @@
-"""Indexing ops: ``x[index]`` and ``take_along_axis`` (torch's ``gather``).
+"""Indexing ops: ``x[index]`` and NumPy's ``take_along_axis`` (``Tensor.gather`` uses it).
 
 Both read elements, so both backwards *scatter* the gradient back, and both must add (not
 assign) when an index repeats: ``x[[0, 0]]`` uses x[0] twice, so x[0] gets both gradients.
@@ -69,30 +69,30 @@ class GetItem(Function):
         return grad_x
 
 
-def _along_axis_index(index, axis: int):
-    """The full fancy index that ``take_along_axis(x, index, axis)`` reads from x.
+def _along_axis_index(index, axis: int, shape: tuple[int, ...]):
+    """The full fancy index that ``take_along_axis(x, index, axis)`` reads from x of ``shape``.
 
-    Every axis but ``axis`` is addressed by an arange shaped to broadcast against ``index``.
+    Every axis but ``axis`` is addressed by an arange over x's axis, shaped to broadcast
+    against ``index`` (either may have size 1 there, as in NumPy's take_along_axis).
     """
     xp = xp_of(index)
     full = []
-    for a, n in enumerate(index.shape):
+    for a, n in enumerate(shape):
         if a == axis:
             full.append(index)
         else:
-            shape = [1] * index.ndim
-            shape[a] = n
-            full.append(xp.arange(n).reshape(shape))
+            along = [1] * index.ndim
+            along[a] = n
+            full.append(xp.arange(n).reshape(along))
     return tuple(full)
 
 
 class TakeAlongAxis(Function):
-    """z[..., i, ...] = x[..., index[..., i, ...], ...] along ``axis`` (torch.gather);
-    dz/dx: scatter-add z's gradient back to the places read."""
+    """z[..., i, ...] = x[..., index[..., i, ...], ...] along ``axis`` (a non-negative axis;
+    NumPy's take_along_axis);  dz/dx: scatter-add z's gradient back to the places read."""
 
     @staticmethod
-    def forward(ctx, x, index, axis=-1):
-        axis %= x.ndim
+    def forward(ctx, x, index, axis=0):
         if index.ndim != x.ndim:
             raise ValueError(
                 f"take_along_axis: index has {index.ndim} dimensions but x has {x.ndim}; "
@@ -111,5 +111,5 @@ class TakeAlongAxis(Function):
     def backward(ctx, grad_out):
         (index,) = ctx.saved
         grad_x = xp_of(grad_out).zeros(ctx.shape, dtype=grad_out.dtype)
-        scatter_add(grad_x, _along_axis_index(index, ctx.axis), grad_out)
+        scatter_add(grad_x, _along_axis_index(index, ctx.axis, ctx.shape), grad_out)
         return grad_x, None

@@ -27,8 +27,9 @@ import minigrad as mg
 
 CLASSES = ("zero_d", "empty", "nonfinite", "ties", "broadcast")
 
-# Every pair of these appears in binary("nonfinite"): the corners of IEEE arithmetic.
-SPECIAL = np.array([-np.inf, -1.5, -0.0, 0.0, 0.5, 2.0, np.inf, np.nan])
+# Every pair of these appears in binary("nonfinite"): the corners of IEEE arithmetic. Ordered
+# so that unary("nonfinite")'s (2, 4) array has no tie along either axis (ties have a class).
+SPECIAL = np.array([-np.inf, -1.5, -0.0, 0.5, 0.0, 2.0, np.inf, np.nan])
 
 
 def unary(cls: str) -> list[np.ndarray]:
@@ -127,7 +128,7 @@ def check_against_torch(
     if not (grad and theirs.requires_grad):
         return
     upstream = np.random.default_rng(0).standard_normal(theirs.shape)
-    theirs.backward(torch.from_numpy(upstream))
+    theirs.backward(torch.from_numpy(upstream).to(theirs.dtype))
     ours.backward(mg.tensor(upstream, dtype=np.float64))
     for i, (o, t) in enumerate(zip(ours_in, theirs_in, strict=True)):
         if not (isinstance(t, torch.Tensor) and t.requires_grad):

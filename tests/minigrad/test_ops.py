@@ -478,8 +478,7 @@ def test_other_shape_errors():
         x.expand(4, 3)
     with pytest.raises(ValueError, match=r"transpose: \(0, 0\) is not a permutation of 2 axes"):
         x.transpose(0, 0)
-    with pytest.raises(ValueError, match="squeeze: axis 1 has size 3, not 1"):
-        x.squeeze(1)
+    assert x.squeeze(1).shape == (2, 3)  # an axis that is not 1 stays, as in PyTorch
     with pytest.raises(ValueError, match="axis 2 is out of range for a tensor with 2 dimensions"):
         x.sum(axis=2)
     with pytest.raises(
@@ -496,3 +495,113 @@ def test_other_shape_errors():
         x.clip()
     with pytest.raises(TypeError, match="where: the condition must be boolean, got dtype float"):
         mg.where(x, x, x)
+
+
+# ---- issue 11's edge cases, as known answers (test_edge_cases.py compares them with torch) ------
+def _leaf(values) -> mg.Tensor:
+    return mg.tensor(np.asarray(values, dtype=np.float64), dtype=np.float64, requires_grad=True)
+
+
+def test_gather_follows_torch_not_numpy_broadcasting():
+    # regression: the (1, 2) index was broadcast to (5, 2) and backward raised
+    x = _leaf(np.arange(25.0).reshape(5, 5))
+    out = x.gather(1, np.array([[0, 1]]))
+    assert out.shape == (1, 2) and out.tolist() == [[0.0, 1.0]]
+    out.backward(mg.tensor([[2.0, 3.0]], dtype=np.float64))
+    expected = np.zeros((5, 5))
+    expected[0, :2] = [2.0, 3.0]
+    np.testing.assert_array_equal(x.grad, expected)
+
+
+def test_gather_on_0d_and_its_refusals():
+    x = _leaf(5.0)  # regression: ZeroDivisionError
+    assert x.gather(0, np.array(0)).shape == ()
+    out = x.gather(0, np.array([0, 0]))  # a 0-d tensor counts as one axis of size 1
+    out.backward(mg.tensor([1.0, 2.0], dtype=np.float64))
+    assert out.tolist() == [5.0, 5.0] and x.grad.shape == () and float(x.grad) == 3.0
+    m = mg.ones(2, 3)
+    with pytest.raises(IndexError, match="index -1 is negative; torch.gather refuses"):
+        m.gather(1, np.array([[-1]]))
+    with pytest.raises(ValueError, match=r"index shape \(3, 1\) is larger .* at axis 0"):
+        m.gather(1, np.zeros((3, 1), dtype=np.int64))
+    with pytest.raises(ValueError, match="index has 1 dimensions but the tensor has 2"):
+        m.gather(1, np.array([0]))
+
+
+def test_take_along_axis_backward_with_broadcast_index_and_input():
+    # regression: backward built its index from the index's shape, not x's
+    x = _leaf(np.arange(12.0).reshape(3, 4))
+    out = mg.take_along_axis(x, np.array([[1, 1]]), axis=1)  # index (1, 2) broadcasts to (3, 2)
+    assert out.tolist() == [[1.0, 1.0], [5.0, 5.0], [9.0, 9.0]]
+    out.sum().backward()
+    assert x.grad[:, 1].tolist() == [2.0, 2.0, 2.0] and x.grad.sum() == 6.0
+    row = _leaf([[1.0, 2.0, 3.0]])  # x (1, 3) broadcasts against an index (2, 1)
+    mg.take_along_axis(row, np.array([[2], [2]]), axis=1).sum().backward()
+    assert row.grad.tolist() == [[0.0, 0.0, 2.0]]
+
+
+def test_pow_gradient_at_zero_is_zero_not_nan():
+    x, y = _leaf([0.0, 0.0, 2.0, 0.0]), _leaf([0.0, 1.0, 0.0, 0.5])
+    (x**y).sum().backward()
+    assert x.grad.tolist()[:3] == [0.0, 1.0, 0.0]  # dx is 0 where y = 0
+    assert x.grad[3] == np.inf  # 0.5 * 0 ** -0.5, as in PyTorch
+    assert y.grad.tolist() == [0.0, 0.0, np.log(2.0), 0.0]  # dy is 0 where x = 0 and y >= 0
+    z = _leaf([0.0, 1.0])
+    (z**0).sum().backward()
+    assert z.grad.tolist() == [0.0, 0.0]
+
+
+def test_relu_abs_maximum_at_inf_nan_and_signed_zeros():
+    x = _leaf([-np.inf, -3.0, -0.0, 0.0, np.nan, 2.0])
+    out = x.relu()
+    assert out.tolist()[:4] == [0.0, 0.0, 0.0, 0.0] and np.isnan(out.data[4])  # not NaN at -inf
+    assert list(np.signbit(out.data[:4])) == [False, False, True, False]  # relu(-3.0) is +0.0
+    out.sum().backward()
+    assert x.grad.tolist() == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0]  # NaN passes, as in PyTorch
+    x.grad = None
+    x.abs().sum().backward()
+    assert x.grad.tolist() == [-1.0, -1.0, 0.0, 0.0, 0.0, 1.0]  # sgn(NaN) = 0 in PyTorch
+    a, b = _leaf([np.nan, 1.0, 1.0, 2.0]), _leaf([1.0, np.nan, 1.0, 3.0])
+    mg.maximum(a, b).sum().backward()
+    assert a.grad.tolist() == [1.0, 1.0, 0.5, 0.0] and b.grad.tolist() == [1.0, 1.0, 0.5, 1.0]
+
+
+def test_max_with_nan_gives_the_gradient_to_the_nan():
+    x = _leaf([[1.0, np.nan, 3.0], [2.0, 2.0, 0.0]])
+    out = x.max(axis=1)
+    assert np.isnan(out.data[0]) and out.data[1] == 2.0
+    out.sum().backward()
+    assert x.grad.tolist() == [[0.0, 1.0, 0.0], [0.5, 0.5, 0.0]]
+
+
+def test_zero_size_and_0d_shapes():
+    assert mg.zeros(0, 3).flatten(1).shape == (0, 3)  # regression: NumPy's reshape error
+    assert mg.zeros(2, 0, 3).flatten(1).shape == (2, 0)
+    assert mg.tensor(2.0).flatten().shape == (1,)
+    s = _leaf(2.0)
+    for reduce in ("sum", "mean", "max", "min", "var"):
+        for axis in (0, -1):
+            assert getattr(s, reduce)(axis=axis).shape == ()
+    s.sum(axis=0).backward()
+    assert float(s.grad) == 1.0
+    assert s.transpose(0).shape == () and s.swapaxes(0, -1).shape == () and s.T.shape == ()
+    assert mg.ones(2, 3).squeeze(0).shape == (2, 3)  # PyTorch: a no-op, not an error
+    with pytest.raises(ValueError, match="axis 1 is out of range for a tensor with 0 dim"):
+        s.sum(axis=1)
+    with pytest.raises(ValueError, match=r"max over an empty axis of a tensor of shape \(0, 3\)"):
+        mg.zeros(0, 3).max(axis=0)
+    assert mg.zeros(0, 3).max(axis=1).shape == (0,)
+    with pytest.raises(ValueError, match="argmax over an empty axis"):
+        mg.zeros(0).argmax()
+    assert np.isnan(mg.tensor([1.0]).var(correction=1).item())  # 0/0, not a negative variance
+
+
+def test_refusals_where_pytorch_refuses():
+    with pytest.raises(TypeError, match=r"mean of a int64 tensor: .* cast first with \.float\(\)"):
+        mg.tensor([1, 2]).mean()
+    with pytest.raises(TypeError, match="var of a int64 tensor"):
+        mg.tensor([1, 2]).var()
+    with pytest.raises(TypeError, match=r"masked_fill: value \(1\+2j\) is complex"):
+        mg.ones(2).masked_fill(mg.tensor([True, False]), 1 + 2j)
+    # as in PyTorch, masked_fill keeps the tensor's dtype: the value is converted to it
+    assert mg.tensor([1, 2]).masked_fill(mg.tensor([True, False]), 2.5).tolist() == [2, 2]

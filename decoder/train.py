@@ -6,11 +6,11 @@
 
 One step: set the learning rate of a cosine schedule with linear warmup, sample a batch,
 then decoder.step.train_step: forward, backward, clip the gradient's global norm, take an
-AdamW step. Every ``eval_interval`` steps (and at the end) the model is evaluated on fixed batches
-of both splits (decoder.step.estimate_loss), a checkpoint is written (see decoder.checkpoint
-for the directory layout and why it is atomic), and only then does a row go into
-``log.jsonl`` and ``loss.png`` get redrawn: the log never claims a step whose checkpoint did
-not land.
+AdamW step. Every ``eval_interval`` steps (and at the end) the model is evaluated on fixed
+batches of both splits (decoder.step.estimate_loss), a checkpoint is written (see
+decoder.checkpoint for the directory layout and why it is atomic), and only then does a row
+go into ``log.jsonl`` and ``loss.png`` get redrawn: the log never claims a step whose
+checkpoint did not land.
 
 The run directory (``--out``) is locked while a run uses it, a new run refuses one that
 holds a previous run unless told ``--resume`` or ``--overwrite``, and a run that fails

@@ -20,7 +20,10 @@ contiguous and covering the data exactly, each tensor's bytes matching its shape
 damaged or hand-edited file raises a ValueError naming the file and the problem instead of
 loading wrong numbers.
 
-Left out on purpose: bfloat16 (NumPy has no such dtype) and memory-mapped loading.
+Reading maps the file into memory (``open_safetensors``), so a model's loader copies one
+tensor at a time and never holds the whole file as well as its weights; bfloat16 tensors
+(what most released models ship) are read as float32 by shifting their bits. Left out on
+purpose: writing bfloat16 (NumPy has no such dtype to hold it).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -48,6 +51,8 @@ DTYPES = {
     "BOOL": np.dtype("bool"),
 }
 _NAMES = {(dtype.kind, dtype.itemsize): name for name, dtype in DTYPES.items()}
+BF16 = "BF16"  # read only (as float32): NumPy has no bfloat16 to write it from
+_ITEMSIZE = {**{name: dtype.itemsize for name, dtype in DTYPES.items()}, BF16: 2}
 METADATA_KEY = "__metadata__"
 MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit: a larger one is damage
 
@@ -109,22 +114,110 @@ def save_safetensors(
 
 
 def load_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Read a safetensors file: (name -> NumPy array, metadata). Raises ValueError if corrupt."""
-    with open(path, "rb") as f:
-        raw = f.read()
+    """Read a safetensors file: (name -> NumPy array, metadata). Raises ValueError if corrupt.
 
-    def corrupt(problem: str) -> ValueError:
-        return ValueError(f"{os.fspath(path)} is not a valid safetensors file: {problem}")
+    Each array is a copy that owns writable memory (bfloat16 ones become float32); to read a
+    large file one tensor at a time without copying it all, use ``open_safetensors``.
+    """
+    with open_safetensors(path) as f:
+        return {name: np.array(f[name]) for name in f}, f.metadata
 
-    if len(raw) < 8:
-        raise corrupt(f"it has {len(raw)} bytes, fewer than the 8 of the header's length")
-    n = int.from_bytes(raw[:8], "little")
+
+def open_safetensors(path: str | os.PathLike) -> SafetensorsFile:
+    """Check a safetensors file's header and map the file into memory, copying nothing yet.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> save_safetensors(path, {"w": np.arange(3, dtype=np.float32)})
+    >>> with open_safetensors(path) as f:
+    ...     list(f), f.shape("w"), f["w"].tolist()
+    (['w'], (3,), [0.0, 1.0, 2.0])
+    """
+    return SafetensorsFile(path)
+
+
+class SafetensorsFile(Mapping):
+    """A checked safetensors file, memory-mapped: name -> a read-only NumPy array.
+
+    ``f[name]`` is a view into the map (the operating system reads its pages on first touch,
+    and can drop them again), except for bfloat16, which NumPy lacks: those come back as a
+    new float32 array (``bfloat16_to_float32``). So a loader that copies one tensor at a time
+    into its model never holds a second copy of all the weights. ``close()`` (or leaving a
+    ``with`` block) releases the map once no view is left.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self.entries, self.metadata, start = _read_header(f, size, self._corrupt)
+        covered = max((end for _, _, _, end in self.entries.values()), default=0)
+        # np.memmap refuses a zero-length map: a file of empty tensors needs none
+        self._data = (
+            np.memmap(self.path, dtype=np.uint8, mode="r", offset=start, shape=(covered,))
+            if covered
+            else np.empty(0, dtype=np.uint8)
+        )
+
+    def _corrupt(self, problem: str) -> ValueError:
+        return ValueError(f"{self.path} is not a valid safetensors file: {problem}")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        dtype_name, shape, begin, end = self.entries[name]
+        if dtype_name == BF16:
+            raw = self._data[begin:end].view(np.dtype("<u2")).reshape(shape)
+            return bfloat16_to_float32(raw)
+        return self._data[begin:end].view(DTYPES[dtype_name]).reshape(shape)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.entries[name][1]
+
+    def dtype(self, name: str) -> str:
+        """The dtype's name in the file ("F32", "BF16", ...)."""
+        return self.entries[name][0]
+
+    def close(self) -> None:
+        self._data = np.empty(0, dtype=np.uint8)  # the map closes when its last view goes
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 values, given as their uint16 bit patterns, as float32 (exactly).
+
+    bfloat16 is the top half of a float32 (sign, 8 exponent bits, 7 mantissa bits), so
+    shifting the bits 16 places up gives the same number as a float32.
+
+    >>> bfloat16_to_float32(np.array([0x3F80, 0xC040, 0x7F80], dtype=np.uint16))
+    array([ 1., -3., inf], dtype=float32)
+    """
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _read_header(
+    f: BinaryIO, size: int, corrupt: Callable[[str], ValueError]
+) -> tuple[dict[str, tuple[str, tuple[int, ...], int, int]], dict[str, str], int]:
+    """Read and check the header of the open file ``f`` of ``size`` bytes: (name -> (dtype
+    name, shape, begin, end), metadata, where the data starts)."""
+    if size < 8:
+        raise corrupt(f"it has {size} bytes, fewer than the 8 of the header's length")
+    n = int.from_bytes(f.read(8), "little")
     if n > MAX_HEADER_BYTES:
         raise corrupt(f"the header claims {n} bytes, more than the {MAX_HEADER_BYTES} allowed")
-    if 8 + n > len(raw):
-        raise corrupt(f"the header claims {n} bytes but the file has only {len(raw) - 8} more")
+    if 8 + n > size:
+        raise corrupt(f"the header claims {n} bytes but the file has only {size - 8} more")
     try:
-        header = json.loads(raw[8 : 8 + n].decode("utf-8"), object_pairs_hook=_no_duplicates)
+        header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_duplicates)
     except _DuplicateName as e:
         raise corrupt(f"the header names {e.args[0]!r} twice") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -134,36 +227,33 @@ def load_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     metadata = header.pop(METADATA_KEY, None) or {}
     if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
         raise corrupt(f"{METADATA_KEY} must map strings to strings, got {metadata!r}")
-    data = memoryview(raw)[8 + n :]
+    n_data = size - 8 - n
     entries = {name: _entry(name, entry, corrupt) for name, entry in header.items()}
     # As the reference reader: in the order of their offsets, each tensor starts where the
     # previous one ended, so no two overlap, no bytes hide between them, and none follow.
     covered = 0
-    for name, (dtype, shape, begin, end) in sorted(entries.items(), key=lambda e: e[1][2:]):
+    for name, (dtype_name, shape, begin, end) in sorted(entries.items(), key=lambda e: e[1][2:]):
         if begin != covered:
             problem = "overlaps the tensor before it" if begin < covered else "leaves a gap"
             raise corrupt(
                 f"{name!r} has data_offsets [{begin}, {end}] but the tensors before it end at "
                 f"{covered}: it {problem}"
             )
-        if end - begin != math.prod(shape) * dtype.itemsize:
+        nbytes = math.prod(shape) * _ITEMSIZE[dtype_name]
+        if end - begin != nbytes:
             raise corrupt(
                 f"{name!r} has {end - begin} bytes but shape {list(shape)} of "
-                f"{header[name]['dtype']} needs {math.prod(shape) * dtype.itemsize}"
+                f"{dtype_name} needs {nbytes}"
             )
         covered = end
-    if covered > len(data):
+    if covered > n_data:
         raise corrupt(
-            f"the tensors need {covered} data bytes but the file has {len(data)} (the file is "
+            f"the tensors need {covered} data bytes but the file has {n_data} (the file is "
             f"truncated, or the header is wrong)"
         )
-    if covered < len(data):
-        raise corrupt(f"{len(data) - covered} bytes follow the last tensor's data")
-    arrays = {}
-    for name, (dtype, shape, begin, end) in entries.items():
-        # a copy: the arrays own writable memory, and the file's buffer can be freed
-        arrays[name] = np.frombuffer(data[begin:end], dtype=dtype).reshape(shape).copy()
-    return arrays, metadata
+    if covered < n_data:
+        raise corrupt(f"{n_data - covered} bytes follow the last tensor's data")
+    return entries, metadata, 8 + n
 
 
 class _DuplicateName(ValueError):
@@ -193,12 +283,12 @@ def _is_count(x: Any) -> bool:
 
 def _entry(
     name: str, entry: Any, corrupt: Callable[[str], ValueError]
-) -> tuple[np.dtype, tuple[int, ...], int, int]:
-    """One header entry, checked: (dtype, shape, begin, end)."""
+) -> tuple[str, tuple[int, ...], int, int]:
+    """One header entry, checked: (dtype name, shape, begin, end)."""
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
         raise corrupt(f"entry {name!r} is malformed: {entry!r}")
-    if entry["dtype"] not in DTYPES:
-        raise corrupt(f"{name!r} has dtype {entry['dtype']!r}; this reader knows {list(DTYPES)}")
+    if entry["dtype"] not in _ITEMSIZE:
+        raise corrupt(f"{name!r} has dtype {entry['dtype']!r}; this reader knows {list(_ITEMSIZE)}")
     shape, offsets = entry["shape"], entry["data_offsets"]
     if not (isinstance(shape, list) and all(_is_count(s) for s in shape)):
         raise corrupt(f"{name!r} has shape {shape!r}, not a list of non-negative integers")
@@ -207,7 +297,7 @@ def _entry(
     begin, end = offsets
     if begin > end:
         raise corrupt(f"{name!r} has data_offsets [{begin}, {end}]: it ends before it begins")
-    return DTYPES[entry["dtype"]], tuple(shape), begin, end
+    return entry["dtype"], tuple(shape), begin, end
 
 
 # ---- nested structures ------------------------------------------------------------------------

@@ -254,6 +254,7 @@ def test_finetune_rejects_text_the_tokenizer_cannot_write(base_run, tmp_path, ca
     assert ft.main(argv) == 2
     err = capsys.readouterr().err
     assert "cannot be written with the base checkpoint's tokenizer" in err and "'Z'" in err
+    assert not (tmp_path / "o").exists()  # a failed start leaves no --out behind
 
 
 # ---- the run directory and resume settings ------------------------------------------------------

@@ -136,8 +136,12 @@ class Decoder(Module):
         return logits, loss
 
     def _as_ids(self, ids: Any, what: str, check_range: bool = True) -> Tensor:
-        """``ids`` (a Tensor, an array or nested lists) as an int64 (B, T) Tensor on the
-        model's device, after checking that every id is in the vocabulary."""
+        """``ids`` (a Tensor, an array or nested lists) as an int64 (B, T) Tensor, after
+        checking that every id is in the vocabulary.
+
+        The Tensor stays where the ids are: the embedding and the loss check them again and
+        move them to the model's device, so ids from the host are checked without a GPU sync.
+        """
         data = ids.data if isinstance(ids, Tensor) else ids
         if not hasattr(data, "dtype"):
             data = np.asarray(data)
@@ -149,8 +153,8 @@ class Decoder(Module):
                 f"wrap it as [ids] (or ids[None])"
             )
         V = self.config.vocab_size
-        # subtle: host ids only: the embedding lookup checks ids on the device, and checking
-        # them here as well would copy two more numbers to the host at every step
+        # subtle: host ids only: ids already on the device are checked by the embedding, and
+        # checking them here as well would copy two more numbers to the host
         if check_range and data.size and device_of(data) == "cpu":
             lo, hi = int(data.min()), int(data.max())
             if lo < 0 or hi >= V:
@@ -159,7 +163,7 @@ class Decoder(Module):
                     f"in [0, vocab_size) with vocab_size={V}; was the text encoded with "
                     f"another tokenizer?"
                 )
-        return Tensor(data.astype(np.int64, copy=False), device=self.device)
+        return Tensor(data.astype(np.int64, copy=False))
 
     def new_caches(self, batch_size: int) -> list[KVCache]:
         """One empty KV cache per block, in the model's dtype and on its device."""

@@ -13,23 +13,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from minigrad.backend import xp_of
+import numpy as np
+
 from minigrad.tensor import Tensor
 
 
-def as_index_array(values: Any, like: Any, op: str, what: str) -> Any:
-    """Integer indices given as a Tensor, an array or a list, as an array on ``like``'s device.
+def as_index_array(values: Any, op: str, what: str) -> Any:
+    """Integer indices given as a Tensor, an array or a list, as an array where they are (a
+    list becomes a NumPy array).
 
-    >>> import numpy as np
-    >>> as_index_array([[1, 2]], np.zeros(3), "embedding", "ids").shape
+    The ops check the indices' range there and only then move them to their own device, so
+    that indices from the host (a batch, a prompt) are checked without a GPU sync.
+
+    >>> as_index_array([[1, 2]], "embedding", "ids").shape
     (1, 2)
-    >>> as_index_array([0.5], np.zeros(3), "embedding", "ids")
+    >>> as_index_array([0.5], "embedding", "ids")
     Traceback (most recent call last):
     ...
     TypeError: embedding: ids must be integers, got dtype float64: cast them with .long()
     """
     data = values.data if isinstance(values, Tensor) else values
-    data = xp_of(like).asarray(data)
+    if not hasattr(data, "dtype"):  # a list or a Python number
+        data = np.asarray(data)
     if data.dtype.kind not in "iu":
         raise TypeError(
             f"{op}: {what} must be integers, got dtype {data.dtype}: cast them with .long()"

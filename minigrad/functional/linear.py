@@ -111,16 +111,18 @@ def embedding(ids: Any, weight: Tensor) -> Tensor:
     """
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be a (V, C) table, got shape {weight.shape}")
-    ids = as_index_array(ids, weight.data, "embedding", "ids")
+    ids = as_index_array(ids, "embedding", "ids")
     n_rows = weight.shape[0]
     if ids.size:
-        # subtle: NumPy would read ids < 0 from the end, CuPy would wrap any id around
+        # subtle: checked where the ids are, before they move: host ids cost no GPU sync.
+        # NumPy would read ids < 0 from the end, CuPy would wrap any id around.
         extremes = xp_of(ids).stack([ids.min(), ids.max()])
-        lo, hi = to_numpy(extremes).tolist()  # one copy to the host (a GPU sync), not two
+        lo, hi = to_numpy(extremes).tolist()  # device ids: one copy to the host, not two
         if lo < 0 or hi >= n_rows:
             bad = lo if lo < 0 else hi
             raise ValueError(
                 f"embedding: id {bad} is out of range for a table of V={n_rows} rows: "
                 f"every id must be in [0, {n_rows}) (is the vocabulary size too small?)"
             )
+    ids = xp_of(weight.data).asarray(ids)  # to the table's device
     return Embedding.apply(weight, ids=ids)

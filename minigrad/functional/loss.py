@@ -95,7 +95,7 @@ def cross_entropy(
     if reduction not in REDUCTIONS:
         raise ValueError(f"cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
     check_floating("cross_entropy", logits=logits)
-    targets = as_index_array(targets, logits.data, "cross_entropy", "targets")
+    targets = as_index_array(targets, "cross_entropy", "targets")
     if logits.ndim == 0 or logits.shape[:-1] != targets.shape:
         raise ValueError(
             f"cross_entropy: logits of shape {logits.shape} and targets of shape "
@@ -103,8 +103,8 @@ def cross_entropy(
             f"shape {logits.shape[:-1]}, one class index per row of logits"
         )
     n_classes = logits.shape[-1]
-    keep = targets != ignore_index
-    out_of_range = ((targets < 0) | (targets >= n_classes)) & keep
+    # subtle: checked where the targets are, before they move: host targets cost no GPU sync
+    out_of_range = ((targets < 0) | (targets >= n_classes)) & (targets != ignore_index)
     if out_of_range.any():
         bad = int(targets[out_of_range].reshape(-1)[0])
         raise ValueError(
@@ -118,4 +118,6 @@ def cross_entropy(
         if reduction == "none":
             return zeros
         return zeros.sum() * (math.nan if reduction == "mean" else 1.0)  # mean: 0 / 0 rows
+    targets = xp_of(logits.data).asarray(targets)  # to the logits' device
+    keep = targets != ignore_index
     return CrossEntropy.apply(logits, targets=targets, keep=keep, reduction=reduction)

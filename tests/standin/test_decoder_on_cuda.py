@@ -6,8 +6,8 @@ Each test runs the same thing twice, on "cpu" and on "cuda" with the stand-in
 that loads that checkpoint onto the device, generation with and without the KV cache, LoRA
 fine-tuning and merging. The stand-in refuses every implicit move to the host, so a missing
 ``xp`` branch or device transfer fails here with a TypeError, and it counts the explicit
-moves: one training step may make only the few it needs (the loss, the gradient norm, the
-range checks of ids and targets).
+moves: a training step or a generated token may make only the few it needs (the loss and
+the gradient norm out, the ids and targets in).
 """
 
 from __future__ import annotations
@@ -84,18 +84,27 @@ def test_a_resume_on_cuda_loads_the_checkpoint_onto_the_device(tmp_path, fake_cu
     assert_same_weights(tmp_path / "split", tmp_path / "whole")
 
 
-def test_one_training_step_makes_at_most_four_host_transfers(fake_cupy):
-    model_cfg, train_cfg = configs("tiny", "cuda")
+def test_one_training_step_copies_only_the_batch_in_and_two_numbers_out(fake_cupy):
+    model_cfg, train_cfg = configs("tiny", "cuda")  # hs = 16: the flash kernel, emulated
     model = Decoder(model_cfg).to("cuda")
     optimizer = AdamW(model.parameters(), lr=1e-3)
     x = np.random.default_rng(0).integers(0, model_cfg.vocab_size, (2, model_cfg.block_size))
-    before = fake_cupy.device_to_host
+    out, into = fake_cupy.device_to_host, fake_cupy.host_to_device
     train_step(model, optimizer, x, np.roll(x, -1, axis=1), train_cfg, step=1)
-    # The loss, read once for the progress bar and the divergence check; the global gradient
-    # norm that clipping returns; the range checks of the ids (the embedding) and of the
-    # targets (the loss), which raise on a bad id where CuPy would wrap it around.
-    transfers = fake_cupy.device_to_host - before
-    assert transfers <= 4, f"one training step copied {transfers} arrays to the host"
+    # Out: the loss, read once for the progress bar and the divergence check, and the global
+    # gradient norm that clipping returns. In: the ids and the targets, whose range is checked
+    # on the host before they move.
+    assert (fake_cupy.device_to_host - out, fake_cupy.host_to_device - into) == (2, 2)
+
+
+def test_each_generated_token_copies_one_id_in_and_one_row_of_logits_out(fake_cupy):
+    model = tiny_model("cuda")
+    counts = []
+    for n_tokens in (4, 8):  # the difference is four tokens fed one at a time to the cache
+        out, into = fake_cupy.device_to_host, fake_cupy.host_to_device
+        list(model.generate([1, 2, 3], n_tokens, seed=0))
+        counts.append((fake_cupy.device_to_host - out, fake_cupy.host_to_device - into))
+    assert (counts[1][0] - counts[0][0], counts[1][1] - counts[0][1]) == (4, 4)
 
 
 def tiny_model(device: str) -> Decoder:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 device_to_host = 0  # transfers so far: explicit (get, asnumpy) and implicit (item, float, ...)
+host_to_device = 0  # copies of host data in: asarray/array of host data, host indices and values
 
 _HOST_ERROR = (
     "Implicit conversion to a NumPy array is not allowed. "
@@ -46,6 +47,13 @@ def _to_host(a: np.ndarray) -> np.ndarray:
     """Count one device-to-host transfer of ``a``."""
     global device_to_host
     device_to_host += 1
+    return a
+
+
+def _from_host(a: Any) -> Any:
+    """Count one host-to-device copy of ``a``."""
+    global host_to_device
+    host_to_device += 1
     return a
 
 
@@ -63,7 +71,7 @@ def _dev(x: Any) -> Any:
 def _host_in(x: Any) -> Any:
     """As ``_dev``, but NumPy arrays and lists are copied in (indices, assigned values)."""
     if isinstance(x, np.ndarray):
-        return x.copy()
+        return _from_host(x).copy()
     if isinstance(x, tuple):
         return tuple(_host_in(v) for v in x)
     return _dev(x)
@@ -232,11 +240,14 @@ def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
     """Device data as is (or cast); host data copied to the device."""
     if isinstance(a, ndarray):
         return a if dtype is None or a.dtype == dtype else a.astype(dtype)
-    return ndarray._of(np.array(_dev(a) if isinstance(a, (list, tuple)) else a, dtype=dtype))
+    return array(a, dtype=dtype)
 
 
 def array(a: Any, dtype: Any = None, copy: bool = True) -> ndarray:
-    return ndarray._of(np.array(a._a if isinstance(a, ndarray) else a, dtype=dtype, copy=copy))
+    if isinstance(a, ndarray):
+        return ndarray._of(np.array(a._a, dtype=dtype, copy=copy))
+    host = _from_host(_dev(a) if isinstance(a, (list, tuple)) else a)
+    return ndarray._of(np.array(host, dtype=dtype))
 
 
 def ascontiguousarray(a: Any, dtype: Any = None) -> ndarray:

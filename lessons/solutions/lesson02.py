@@ -1,5 +1,5 @@
 """Reference answers to lesson 2 (broadcasting and gradient checking): unbroadcast, a central
-difference, and a numerically safe softplus op."""
+difference, a numerically safe softplus op, and the softmax backward."""
 
 from __future__ import annotations
 
@@ -56,3 +56,9 @@ class Softplus(mg.Function):
 def softplus(x: mg.Tensor) -> mg.Tensor:
     """log(1 + exp(x)) as a minigrad op."""
     return Softplus.apply(x)
+
+
+def softmax_backward(p: np.ndarray, grad_p: np.ndarray) -> np.ndarray:
+    """dL/ds from p = softmax(s) (last axis) and dL/dp: p * (grad_p - rowsum(p * grad_p))."""
+    D = (p * grad_p).sum(axis=-1, keepdims=True)  # (..., S) -> (..., 1)
+    return p * (grad_p - D)

@@ -1,0 +1,1 @@
+"""The tests behind the lessons' exercises: ``checks/lessonNN.py`` holds ``test_<name>``."""

@@ -1,0 +1,481 @@
+"""Every exercise's check rejects known-wrong answers, and passes the reference solutions.
+
+Each wrong answer is a mistake a learner makes: an off-by-one, a missing term, a call to the
+function the exercise asks them to write, a softmax that reads the whole row at once. A
+check that let one through would tell the learner "correct" for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+from itertools import pairwise
+
+import numpy as np
+import pytest
+from exercises import NotAttempted, check, exercise_test, solution, todo
+from solutions import (
+    lesson01,
+    lesson05,
+    lesson08,
+    lesson09,
+    lesson10,
+    lesson11,
+)
+
+import minigrad as mg
+from decoder.positional import RoPE
+from decoder.tokenizer import BPETokenizer, merge_pair, split_text
+from minigrad import autograd
+from minigrad import functional as F
+from minigrad.backend import xp_of
+from minigrad.optim import clip_grad_norm_, cosine_lr
+
+LESSON_COUNT = 12
+
+
+# ---- lesson 1 ------------------------------------------------------------------------------
+def topological_sort_recursive(root, parents):
+    """Right order, but recursive: it needs a raised recursion limit for the deep chain."""
+    order, seen = [], set()
+
+    def visit(node):
+        if id(node) not in seen:
+            seen.add(id(node))
+            for p in parents(node):
+                visit(p)
+            order.append(node)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(50_000)
+    try:
+        visit(root)
+    finally:
+        sys.setrecursionlimit(limit)
+    return order
+
+
+def topological_sort_children_first(root, parents):
+    """Iterative, but a plain DFS preorder: every node before its parents."""
+    return lesson01.topological_sort(root, parents)[::-1]
+
+
+def matmul_backward_untransposed(x, w, grad_out):
+    return grad_out @ w.T, grad_out.T @ x  # grad_w is transposed: (M, K), not (K, M)
+
+
+class SinIgnoresUpstream(mg.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return np.sin(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved
+        return np.cos(x)  # forgets grad_out
+
+
+def sin_ignores_upstream(x):
+    return SinIgnoresUpstream.apply(x)
+
+
+def sin_taylor(x):
+    """Right to 1e-11 on [-3, 3], from minigrad's ops: not the new op the exercise asks for."""
+    term, total = x, x
+    for n in range(3, 24, 2):
+        term = term * x * x * (-1.0 / (n * (n - 1)))  # x^n / n!, alternating
+        total = total + term
+    return total
+
+
+# ---- lesson 2 ------------------------------------------------------------------------------
+def unbroadcast_leading_only(grad, shape):
+    return grad.sum(axis=tuple(range(grad.ndim - len(shape))))  # misses stretched size-1 axes
+
+
+def unbroadcast_library(grad, shape):
+    return autograd.unbroadcast(grad, shape)
+
+
+def central_difference_forward(f, x, eps=1e-6):
+    grad = np.zeros(x.shape)
+    base = f(x)
+    flat = x.reshape(-1)
+    for i in range(flat.size):
+        flat[i] += eps
+        grad.reshape(-1)[i] = (f(x) - base) / eps  # a forward difference: error of order eps
+        flat[i] -= eps
+    return grad
+
+
+class SoftplusNaive(mg.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return np.log(1 + np.exp(x))  # exp(800) overflows
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved
+        return grad_out / (1 + np.exp(-x))
+
+
+def softplus_naive(x):
+    return SoftplusNaive.apply(x)
+
+
+def softplus_composite(x):
+    """Right values from minigrad's own ops: not the one Function the exercise asks for."""
+    return mg.maximum(x, 0.0) + ((-(x.abs())).exp() + 1.0).log()
+
+
+# ---- lesson 3 ------------------------------------------------------------------------------
+def build_vocab_off_by_one(merges):
+    vocab = [bytes([b]) for b in range(256)]
+    for a, b in merges:
+        vocab.append(vocab[a - 1] + vocab[b])  # off by one in the first id
+    return vocab
+
+
+def train_bpe_first_seen_tie(text, num_merges):
+    words = [list(chunk.encode()) for chunk in split_text(text)]
+    merges = []
+    for new_id in range(256, 256 + num_merges):
+        counts = {}
+        for ids in words:
+            for pair in pairwise(ids):
+                counts[pair] = counts.get(pair, 0) + 1
+        pair = max(counts, key=counts.get)  # ties go to the first pair seen
+        words = [merge_pair(ids, pair, new_id) for ids in words]
+        merges.append(pair)
+    return merges
+
+
+def train_bpe_library(text, num_merges):
+    return BPETokenizer.train(text, vocab_size=256 + num_merges).merges
+
+
+# ---- lesson 4 ------------------------------------------------------------------------------
+def embedding_backward_buffered(ids, grad_out, vocab_size):
+    grad_w = np.zeros((vocab_size, grad_out.shape[-1]))
+    grad_w[ids.reshape(-1)] += grad_out.reshape(-1, grad_out.shape[-1])  # repeats overwrite
+    return grad_w
+
+
+def rope_rotate_adjacent_pairs(x, pos, theta=10000.0):
+    """GPT-J's convention (pairs (2i, 2i + 1)), where the library rotates halves."""
+    hs = x.shape[-1]
+    out = np.empty(hs)
+    for i in range(hs // 2):
+        angle = pos * theta ** (-2 * i / hs)
+        c, s = math.cos(angle), math.sin(angle)
+        a, b = x[2 * i], x[2 * i + 1]
+        out[2 * i], out[2 * i + 1] = a * c - b * s, a * s + b * c
+    return out
+
+
+def rope_rotate_library(x, pos, theta=10000.0):
+    module = RoPE(head_size=x.shape[-1], block_size=pos + 1, theta=theta)
+    return module(mg.tensor(x[None, None, None, :]), offset=pos).numpy()[0, 0, 0]
+
+
+# ---- lesson 5 ------------------------------------------------------------------------------
+def causal_attention_unmasked(q, k, v):
+    s = q @ k.T / math.sqrt(q.shape[1])
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True) @ v
+
+
+def causal_attention_library(q, k, v):
+    tensors = (mg.tensor(a[None, None]) for a in (q, k, v))
+    return F.scaled_dot_product_attention(*tensors, impl="naive").numpy()[0, 0]
+
+
+def repeat_kv_tiled(k, n_rep):
+    return mg.concatenate([k] * n_rep, axis=1)  # heads 0, 1, 0, 1: not 0, 0, 1, 1
+
+
+def sliding_window_off_by_one(q, k, v, window):
+    return lesson05.sliding_window_attention(q, k, v, window + 1)
+
+
+# ---- lesson 6 ------------------------------------------------------------------------------
+def online_softmax_whole_row(tiles):
+    """Gathers every tile, then one softmax over the row: nothing online about it."""
+    s, v = zip(*tiles, strict=True)
+    s, v = np.concatenate(s), np.concatenate(v)
+    p = np.exp(s - s.max())
+    return p @ v / p.sum(), s.max() + math.log(p.sum())
+
+
+def online_softmax_global_max_first(tiles):
+    """A tiled loop, but over two passes: the global max first, then the sums."""
+    tiles = list(tiles)  # kept for the second pass
+    m = max(float(s.max()) for s, _ in tiles)
+    l, acc = 0.0, 0.0
+    for s, v in tiles:
+        p = np.exp(s - m)
+        l, acc = l + p.sum(), acc + p @ v
+    return acc / l, m + math.log(l)
+
+
+def online_softmax_no_rescale(tiles):
+    m, l, acc = -math.inf, 0.0, 0.0
+    for s, v in tiles:
+        m = max(m, float(s.max()))
+        p = np.exp(s - m)
+        l, acc = l + p.sum(), acc + p @ v  # forgets to re-base l and acc on the new max
+    return acc / l, m + math.log(l)
+
+
+def merge_states_no_rescale(state_a, state_b):
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = state_a, state_b
+    return max(m_a, m_b), l_a + l_b, acc_a + acc_b
+
+
+def softmax_backward_no_correction(p, grad_p):
+    return p * grad_p  # the diagonal of diag(p) - p p^T only
+
+
+# ---- lesson 7 ------------------------------------------------------------------------------
+def rms_norm_library(x, weight, eps=1e-6):
+    return F.rms_norm(x, weight, eps=eps)
+
+
+def rms_norm_eps_outside(x, weight, eps=1e-6):
+    return x / ((x * x).mean(axis=-1, keepdims=True).sqrt() + eps) * weight
+
+
+def layer_norm_backward_missing_term(x, weight, grad_out, eps=1e-5):
+    r = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + eps)
+    g = grad_out * weight
+    return r * (g - g.mean(axis=-1, keepdims=True))  # without - xhat mean(g xhat)
+
+
+def swiglu_gelu(x, w1, w2, w3):
+    return F.linear(F.gelu(F.linear(x, w1)) * F.linear(x, w3), w2)  # GeGLU, not SwiGLU
+
+
+# ---- lesson 8 ------------------------------------------------------------------------------
+def cross_entropy_grad_summed(logits, targets):
+    return lesson08.cross_entropy_grad(logits, targets) * len(targets)  # the sum, not the mean
+
+
+def count_parameters_no_final_norm(config):
+    total = lesson08.count_parameters(config)
+    return total - config.n_embd if config.norm_position == "pre" else total
+
+
+def count_parameters_by_building(config):
+    from decoder.model import Decoder
+
+    return Decoder(config).num_parameters()
+
+
+# ---- lesson 9 ------------------------------------------------------------------------------
+def warmup_cosine_off_by_one(step, max_lr, min_lr, warmup_steps, decay_steps):
+    if step < warmup_steps:
+        return max_lr * step / warmup_steps  # starts at 0, where the library starts above it
+    return lesson09.warmup_cosine(step, max_lr, min_lr, warmup_steps, decay_steps)
+
+
+def warmup_cosine_library(step, max_lr, min_lr, warmup_steps, decay_steps):
+    return cosine_lr(step, max_lr, min_lr, warmup_steps, decay_steps)
+
+
+def clip_each_separately(grads, max_norm):
+    norm = float(np.sqrt(sum(np.sum(g * g) for g in grads)))
+    return [g * min(1.0, max_norm / (np.linalg.norm(g) + 1e-6)) for g in grads], norm
+
+
+def clip_with_library(grads, max_norm):
+    tensors = [mg.Tensor(np.zeros(g.shape), requires_grad=True) for g in grads]
+    for t, g in zip(tensors, grads, strict=True):
+        t.grad = g.copy()
+    norm = clip_grad_norm_(tensors, max_norm)
+    return [t.grad for t in tensors], norm
+
+
+def adam_decoupled(p, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    p = p * (1 - lr * weight_decay)  # AdamW's decay, not L2's
+    return lesson09.adam_l2_step(p, g, m, v, t, lr, betas, eps, 0.0)
+
+
+# ---- lesson 10 -----------------------------------------------------------------------------
+def min_p_absolute(logits, min_p):
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    probs = np.where(probs >= min_p, probs, 0.0)  # the cut must scale with the top probability
+    return probs / probs.sum()
+
+
+def greedy_with_generate(model, ids, n):
+    return list(model.generate(ids, n, temperature=0, use_cache=False))
+
+
+def greedy_uncropped(model, ids, n):
+    context, new = list(ids), []
+    with mg.no_grad():
+        for _ in range(n):
+            logits, _ = model([context[-model.config.block_size - 1 :]])  # one token too many
+            new.append(int(np.argmax(logits.numpy()[0, -1])))
+            context.append(new[-1])
+    return new
+
+
+def greedy_cached_without_cache(model, ids, n):
+    return lesson10.greedy_generate(model, ids, n)
+
+
+# ---- lesson 11 -----------------------------------------------------------------------------
+def merged_with_delta_weight(layer):
+    return layer.base.weight.numpy() + layer.delta_weight().T
+
+
+def merged_without_scale(layer):
+    return layer.base.weight.numpy() + (layer.A.numpy() @ layer.B.numpy()).T
+
+
+def block_diagonal_transposed(B):
+    h, r, d = B.shape
+    out = np.zeros((h * r, h * d))
+    for i in range(h):
+        out[i * r : (i + 1) * r, i * d : (i + 1) * d] = B[h - 1 - i]  # blocks in reverse order
+    return out
+
+
+def lora_count_per_head_ignored(config, targets, r, per_head=False):
+    return lesson11.lora_trainable_count(config, targets, r, per_head=False)
+
+
+# ---- lesson 12 -----------------------------------------------------------------------------
+def logsumexp_numpy_only(a):
+    m = a.max(axis=-1, keepdims=True)
+    return m[..., 0] + np.log(np.exp(a - m).sum(axis=-1))  # np, not xp_of(a)
+
+
+def logsumexp_unshifted(a):
+    xp = xp_of(a)
+    return xp.log(xp.exp(a).sum(axis=-1))
+
+
+class SoftplusWrongGradient(mg.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        xp = xp_of(x)
+        return xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x)))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved
+        return grad_out * (x > 0)  # relu's gradient, not sigmoid
+
+
+def softplus_wrong_gradient(x):
+    return SoftplusWrongGradient.apply(x)
+
+
+WRONG = [
+    ("lesson01", "topological_sort", topological_sort_recursive),
+    ("lesson01", "topological_sort", topological_sort_children_first),
+    ("lesson01", "matmul_backward", matmul_backward_untransposed),
+    ("lesson01", "sin", sin_ignores_upstream),
+    ("lesson01", "sin", sin_taylor),
+    ("lesson02", "unbroadcast", unbroadcast_leading_only),
+    ("lesson02", "unbroadcast", unbroadcast_library),
+    ("lesson02", "central_difference", central_difference_forward),
+    ("lesson02", "softplus", softplus_naive),
+    ("lesson02", "softplus", softplus_composite),
+    ("lesson03", "build_vocab", build_vocab_off_by_one),
+    ("lesson03", "train_bpe", train_bpe_first_seen_tie),
+    ("lesson03", "train_bpe", train_bpe_library),
+    ("lesson04", "embedding_backward", embedding_backward_buffered),
+    ("lesson04", "rope_rotate", rope_rotate_adjacent_pairs),
+    ("lesson04", "rope_rotate", rope_rotate_library),
+    ("lesson05", "causal_attention", causal_attention_unmasked),
+    ("lesson05", "causal_attention", causal_attention_library),
+    ("lesson05", "repeat_kv", repeat_kv_tiled),
+    ("lesson05", "sliding_window_attention", sliding_window_off_by_one),
+    ("lesson06", "online_softmax", online_softmax_whole_row),
+    ("lesson06", "online_softmax", online_softmax_global_max_first),
+    ("lesson06", "online_softmax", online_softmax_no_rescale),
+    ("lesson06", "merge_states", merge_states_no_rescale),
+    ("lesson02", "softmax_backward", softmax_backward_no_correction),
+    ("lesson07", "rms_norm", rms_norm_library),
+    ("lesson07", "rms_norm", rms_norm_eps_outside),
+    ("lesson07", "layer_norm_backward", layer_norm_backward_missing_term),
+    ("lesson07", "swiglu", swiglu_gelu),
+    ("lesson08", "cross_entropy_grad", cross_entropy_grad_summed),
+    ("lesson08", "count_parameters", count_parameters_no_final_norm),
+    ("lesson08", "count_parameters", count_parameters_by_building),
+    ("lesson09", "warmup_cosine", warmup_cosine_off_by_one),
+    ("lesson09", "warmup_cosine", warmup_cosine_library),
+    ("lesson09", "clip_by_global_norm", clip_each_separately),
+    ("lesson09", "clip_by_global_norm", clip_with_library),
+    ("lesson09", "adam_l2_step", adam_decoupled),
+    ("lesson10", "min_p_probs", min_p_absolute),
+    ("lesson10", "greedy_generate", greedy_with_generate),
+    ("lesson10", "greedy_generate", greedy_uncropped),
+    ("lesson10", "greedy_generate_cached", greedy_cached_without_cache),
+    ("lesson11", "merged_weight", merged_with_delta_weight),
+    ("lesson11", "merged_weight", merged_without_scale),
+    ("lesson11", "block_diagonal", block_diagonal_transposed),
+    ("lesson11", "lora_trainable_count", lora_count_per_head_ignored),
+    ("lesson12", "logsumexp", logsumexp_numpy_only),
+    ("lesson12", "logsumexp", logsumexp_unshifted),
+    ("lesson12", "softplus", softplus_wrong_gradient),
+]
+
+EXERCISES = [
+    (f"lesson{i:02d}", test[len("test_") :])
+    for i in range(1, LESSON_COUNT + 1)
+    for test in vars(importlib.import_module(f"checks.lesson{i:02d}"))
+    if test.startswith("test_")
+]
+
+
+@pytest.mark.parametrize(
+    ("lesson", "name", "answer"), WRONG, ids=[f"{w[1]}-{w[2].__name__}" for w in WRONG]
+)
+def test_the_check_rejects_a_wrong_answer(lesson, name, answer, capsys):
+    with pytest.raises(Exception) as failure:  # an assertion, or the answer's own error
+        check(lesson, name, answer)
+    assert failure.type is not NotAttempted
+    assert "correct" not in capsys.readouterr().out
+
+
+def test_every_exercise_has_a_wrong_answer():
+    assert {(lesson, name) for lesson, name, _ in WRONG} == set(EXERCISES)
+
+
+@pytest.mark.parametrize(("lesson", "name"), EXERCISES, ids=lambda v: v)
+def test_the_reference_solution_passes_its_check(lesson, name):
+    exercise_test(lesson, name)(solution(lesson, name))
+
+
+def test_an_untouched_stub_runs_the_check_on_the_solution(capsys):
+    def stub(root, parents):
+        todo()
+
+    check("lesson01", "topological_sort", stub)
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+def test_a_bug_raising_not_implemented_error_reaches_the_learner():
+    """A misspelt ``backward`` lands in Function's base class, which raises
+    NotImplementedError: that is a bug to show, not an exercise left untouched."""
+
+    class SinMisspelt(mg.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return np.sin(x)
+
+        @staticmethod
+        def backwards(ctx, grad_out):  # the typo
+            return grad_out * np.cos(ctx.saved[0])
+
+    with pytest.raises(NotImplementedError):
+        check("lesson01", "sin", SinMisspelt.apply)

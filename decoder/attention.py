@@ -113,7 +113,8 @@ class CausalSelfAttention(Module):
     itself and the tokens before it.
 
     ``n_kv_head`` (default n_head) key/value heads are shared by groups of n_head / n_kv_head
-    query heads. ``pos`` is the model's position scheme: "rope" rotates q and k here,
+    query heads. ``bias`` puts biases on all four projections, ``qkv_bias`` on W_Q, W_K and
+    W_V only (Qwen2). ``pos`` is the model's position scheme: "rope" rotates q and k here,
     "alibi" biases the scores here; the others are added to the embeddings by the model.
     ``dropout`` applies to the attention weights (naive path only; ``impl="auto"`` picks it
     while training with dropout) and to the output (``resid_dropout``).
@@ -130,6 +131,7 @@ class CausalSelfAttention(Module):
         n_head: int,
         n_kv_head: int | None = None,
         bias: bool = False,
+        qkv_bias: bool = False,
         dropout: float = 0.0,
         pos: str = "learned",
         block_size: int = 1024,
@@ -142,9 +144,10 @@ class CausalSelfAttention(Module):
         hs = n_embd // n_head
         self.n_embd, self.n_head, self.n_kv_head, self.head_size = n_embd, n_head, n_kv_head, hs
         self.pos, self.block_size, self.impl = pos, block_size, impl
-        self.wq = Linear(n_embd, n_head * hs, bias=bias)
-        self.wk = Linear(n_embd, n_kv_head * hs, bias=bias)  # fewer kv heads: smaller wk, wv
-        self.wv = Linear(n_embd, n_kv_head * hs, bias=bias)
+        qkv_bias = bias or qkv_bias  # Qwen2: biases on the input projections, none on W_O
+        self.wq = Linear(n_embd, n_head * hs, bias=qkv_bias)
+        self.wk = Linear(n_embd, n_kv_head * hs, bias=qkv_bias)  # fewer kv heads: smaller wk, wv
+        self.wv = Linear(n_embd, n_kv_head * hs, bias=qkv_bias)
         self.wo = Linear(n_head * hs, n_embd, bias=bias)
         self.dropout = dropout  # on the attention weights
         # the attention-dropout mask's generator, seeded from the global one (as Dropout's)

@@ -31,8 +31,8 @@ def make_norm(config: ModelConfig) -> Module:
     'RMSNorm'
     """
     if config.norm == "layer":
-        return LayerNorm(config.n_embd, bias=config.bias)
-    return RMSNorm(config.n_embd)
+        return LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+    return RMSNorm(config.n_embd, eps=config.norm_eps)
 
 
 class Block(Module):
@@ -48,6 +48,7 @@ class Block(Module):
             config.n_head,
             config.n_kv_head,
             bias=config.bias,
+            qkv_bias=config.qkv_bias,
             dropout=config.dropout,
             pos=config.pos,
             block_size=config.block_size,

@@ -43,6 +43,8 @@ class ModelConfig:
     rope_theta: float = 10000.0  # RoPE's base wavelength (the RoFormer paper's value)
     dropout: float = 0.0  # on attention weights, residual branches and embeddings
     bias: bool = False  # biases in Linear and LayerNorm; nanoGPT finds them unnecessary
+    qkv_bias: bool = False  # biases on W_Q, W_K, W_V even where `bias` is off (Qwen2)
+    norm_eps: float | None = None  # added to the norms' variance; None: 1e-5 layer, 1e-6 rms
     tie_weights: bool = True  # lm_head shares the token embedding matrix (Press & Wolf 2017)
     attn_impl: str = "auto"  # "naive", "flash" or "auto" (see F.scaled_dot_product_attention)
 
@@ -53,6 +55,8 @@ class ModelConfig:
             # swiglu has three matrices, so 2/3 of 4x keeps the parameter count of gelu's two
             hidden = 4 * self.n_embd if self.ffn == "gelu" else int(8 * self.n_embd / 3)
             self.ffn_hidden = (hidden + 7) // 8 * 8  # a multiple of 8, kind to matmul kernels
+        if self.norm_eps is None:  # PyTorch's LayerNorm default; Llama's RMSNorm
+            self.norm_eps = 1e-5 if self.norm == "layer" else 1e-6
         self.validate()
 
     def validate(self) -> None:
@@ -183,7 +187,7 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     **dict.fromkeys(("lr_decay_iters", "eval_interval", "eval_iters", "log_interval"), AT_LEAST_1),
     **dict.fromkeys(("lr", "min_lr", "warmup_iters", "weight_decay"), AT_LEAST_0),
     **dict.fromkeys(("grad_clip", "sample_tokens"), AT_LEAST_0),
-    "rope_theta": POSITIVE,
+    **dict.fromkeys(("rope_theta", "norm_eps"), POSITIVE),
     **dict.fromkeys(("dropout", "beta1", "beta2"), FRACTION),
     "seed": (0, 2**63, True, False),  # NumPy's generators take non-negative seeds
     "bpe_vocab_size": (256, math.inf, True, False),  # the 256 byte tokens come first

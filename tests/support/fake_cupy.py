@@ -17,7 +17,9 @@ Where it matters, it behaves as CuPy does (``cupy/_core/core.pyx``):
 - ``.get()`` and ``asnumpy`` are the explicit ways to the host; ``item``, ``tolist``,
   ``float``/``int``/``bool``, ``repr`` and boolean-mask indexing (CuPy counts the mask on the
   host to size its result) are the implicit ones. Each counts one device-to-host transfer in
-  ``device_to_host``, so a test can see an op that quietly synchronises with the host.
+  ``device_to_host``, so a test can see an op that quietly synchronises with the host;
+  ``host_to_device`` counts the copies the other way, so it can see a constant re-uploaded
+  at every step.
 - ``RawModule`` and ``RawKernel`` run the CUDA sources on the CPU through
   ``minigrad.kernels.emulator``, and ``cuda.Device()`` is the GPU that it pretends to be.
 

@@ -27,8 +27,8 @@ from minigrad.optim import AdamW
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "me"]
 TEXT = "\n".join(" ".join(np.random.default_rng(i).choice(WORDS, size=5)) + "." for i in range(120))
-# Small enough for seconds, and a head size of 8: below the flash kernel's 16, so attention
-# takes the NumPy-shaped path on both devices (the kernel has its own emulated tests).
+# Small enough for seconds. Head sizes: 8 where a preset has 4 heads (attention from array
+# ops on both devices), 16 for tiny's 2 heads (on "cuda" the flash kernel, emulated).
 TINY = dict(
     n_layer=1,
     n_embd=32,

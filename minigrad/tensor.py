@@ -620,7 +620,9 @@ def _promote(*tensors: Tensor, floating: bool = False) -> list[Tensor]:
 def _binary(fn: type[autograd.Function], x: Tensor, y: Tensor, floating: bool = False) -> Tensor:
     """``fn`` over x and y after type promotion (``floating``: see ``_promote``)."""
     dx, dy = getattr(x.data, "dtype", None), getattr(y.data, "dtype", None)
-    if dx is None or dx != dy or (floating and dx.kind != "f"):  # fast path: one dtype
+    dtype = dx if dy is None else dy if dx is None else dx if dx == dy else None
+    # fast path: one dtype, or a floating tensor beside a Python number (NumPy keeps its dtype)
+    if dtype is None or (dtype.kind != "f" and (floating or dx is None or dy is None)):
         x, y = _promote(x, y, floating=floating)
     return fn.apply(x, y)
 

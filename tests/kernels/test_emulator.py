@@ -119,7 +119,9 @@ def test_refuses_a_barrier_that_some_threads_never_reach():
     y = np.zeros(64, dtype=np.float32)
     kernel((1,), (64,), (y, np.int32(64)), shared_mem=256)  # every thread reaches it: fine
     assert (y == 1).all()
-    with pytest.raises(emulator.EmulatorError, match="__syncthreads on line 16 is reached by"):
+    with pytest.raises(
+        emulator.EmulatorError, match="__syncthreads on line 16: some threads wait there"
+    ):
         kernel((1,), (64,), (y, np.int32(40)), shared_mem=256)
 
 

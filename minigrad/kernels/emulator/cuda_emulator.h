@@ -152,11 +152,11 @@ class Barrier {
     }
 
    private:
-    std::string missing(const char* what, int line) const {
-        return std::string(what) + " on line " + std::to_string(line) + " is reached by " +
-               std::to_string(waiting_) + " threads while " + std::to_string(left_) +
-               " returned without reaching it: every thread of the block (of the warp, for a "
-               "shuffle) must reach it, so keep it out of code that some threads skip";
+    static std::string missing(const char* what, int line) {
+        return std::string(what) + " on line " + std::to_string(line) +
+               ": some threads wait there while others returned without reaching it; every "
+               "thread of the block (of the warp, for a shuffle) must reach it, so keep it out "
+               "of code that some threads skip";
     }
     [[noreturn]] void fail(std::unique_lock<std::mutex>& lock, const std::string& message) {
         failed_ = true;

@@ -7,10 +7,11 @@
   written into the lock file). The OS drops the lock when the process ends, however it ends:
   a crashed run never leaves a stale lock behind.
 - It refuses a directory holding a previous run's outputs unless the caller resumes that run
-  or asks to overwrite it; overwriting removes those outputs first, so that no old log row
-  or checkpoint mixes with the new run's.
-- If it created the directory and the run fails before its result exists (a failed start),
-  it removes what it created, and never anything that was there before.
+  or asks to overwrite it. Overwriting moves those outputs into a hidden folder first, so
+  that no old log row or checkpoint mixes with the new run's, and removes them when the run
+  ends; a run killed meanwhile leaves them there (``.previous-run-*``), not lost.
+- If the run fails before its result exists (a failed start), it removes what it created,
+  and never anything that was there before: an overwritten run is put back.
 - It removes the lock file when the run ends.
 
 Why a lock file and not the directory itself: the file holds the holder's details. Removing
@@ -30,6 +31,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,6 +42,7 @@ except ImportError:  # Windows
     fcntl = None
 
 LOCK = ".lock"
+_ASIDE = ".previous-run-"  # the prefix of the folder an overwritten run waits in
 
 
 class RunDirError(RuntimeError):
@@ -60,20 +63,38 @@ def claim_dir(
 
     ``outputs`` are the names (or glob patterns) a run of this kind writes into the
     directory; ``result`` is the one whose existence means the run left something usable.
-    With ``resume`` the previous outputs are expected; with ``overwrite`` they are removed.
+    With ``resume`` the previous outputs are expected; with ``overwrite`` they are moved
+    aside, put back if the run fails before its result exists, and removed when it ends.
     """
     path = Path(path)
     created = _first_missing(path)
     path.mkdir(parents=True, exist_ok=True)
     with _locked(path / LOCK):
-        if not resume:
-            _clear_previous(path, outputs, overwrite)
+        existing = _previous(path, outputs)
+        if existing and not (resume or overwrite):
+            raise RunDirError(
+                f"{path} holds a previous run ({', '.join(existing)}): pass --resume to "
+                f"continue it, --overwrite to replace it, or another --out"
+            )
+        moved = [] if resume else existing
+        aside = None
+        if moved:
+            aside = _move(path, moved, Path(tempfile.mkdtemp(prefix=_ASIDE, dir=path)))
         try:
             yield path
         except BaseException:  # Ctrl-C too
-            if created is not None and not (path / result).exists():
-                shutil.rmtree(created, ignore_errors=True)  # a failed start: all of it ours
+            if not (path / result).exists():  # a failed start: remove what it wrote
+                if created is not None:
+                    shutil.rmtree(created, ignore_errors=True)  # all of it
+                else:
+                    ours = [n for n in _previous(path, outputs) if n in moved or n not in existing]
+                    _remove(path, ours)
+                    if aside is not None:
+                        _move(aside, moved, path)  # the overwritten run comes back
             raise
+        finally:
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
 
 
 def _first_missing(path: Path) -> Path | None:
@@ -86,21 +107,25 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def _clear_previous(path: Path, outputs: Sequence[str], overwrite: bool) -> None:
-    found = sorted(p for p in os.listdir(path) if any(fnmatch.fnmatch(p, o) for o in outputs))
-    if not found:
-        return
-    if not overwrite:
-        raise RunDirError(
-            f"{path} holds a previous run ({', '.join(found)}): pass --resume to continue "
-            f"it, --overwrite to replace it, or another --out"
-        )
-    for name in found:
+def _previous(path: Path, outputs: Sequence[str]) -> list[str]:
+    """The names in ``path`` that match one of the ``outputs`` patterns, sorted."""
+    return sorted(p for p in os.listdir(path) if any(fnmatch.fnmatch(p, o) for o in outputs))
+
+
+def _move(source: Path, names: Sequence[str], target: Path) -> Path:
+    """Rename each of ``names`` from ``source`` into ``target`` (one filesystem: no copy)."""
+    for name in names:
+        os.rename(source / name, target / name)
+    return target
+
+
+def _remove(path: Path, names: Sequence[str]) -> None:
+    for name in names:
         target = path / name
         if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
+            shutil.rmtree(target, ignore_errors=True)
         else:
-            target.unlink()
+            target.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

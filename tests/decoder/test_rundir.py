@@ -57,8 +57,21 @@ def test_a_previous_run_is_refused_unless_resumed_or_overwritten(tmp_path):
             pass
     with claim_dir(tmp_path, OUTPUTS, RESULT, resume=True):
         assert (tmp_path / RESULT).read_text() == "old"
+    with pytest.raises(ValueError, match="failed start"):  # the overwritten run comes back
+        with claim_dir(tmp_path, OUTPUTS, RESULT, overwrite=True):
+            assert _visible(tmp_path) == ["notes.txt"]
+            (tmp_path / "ckpt-000001").mkdir()
+            raise ValueError("a failed start")
+    assert _visible(tmp_path) == ["ckpt-000004", "notes.txt", RESULT]
+    assert (tmp_path / RESULT).read_text() == "old"
     with claim_dir(tmp_path, OUTPUTS, RESULT, overwrite=True):
-        assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK, "notes.txt"]
+        (tmp_path / RESULT).write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", RESULT]
+    assert (tmp_path / RESULT).read_text() == "new"
+
+
+def _visible(path):
+    return sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
 
 
 def test_a_failed_start_removes_only_what_it_created(tmp_path):

@@ -139,6 +139,17 @@ def test_a_new_run_refuses_a_previous_run_unless_told_to_overwrite_it(tmp_path):
     assert [r["step"] for r in rows] == [0, 4]  # no row of the old run
 
 
+def test_an_overwrite_that_fails_to_start_puts_the_old_run_back(tmp_path):
+    model_cfg, train_cfg = configs(max_iters=4, warmup_iters=2)
+    train(model_cfg, train_cfg, TEXT, tmp_path, progress=False)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    _, bad_prompt = configs(max_iters=4, warmup_iters=2, sample_tokens=5, sample_prompt="Zebra")
+    with pytest.raises(ValueError, match="--sample_prompt='Zebra'"):
+        train(model_cfg, bad_prompt, TEXT, tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert load_checkpoint(tmp_path).step == 4
+
+
 def test_a_run_on_a_directory_in_use_names_the_holder(tmp_path):
     model_cfg, train_cfg = configs(max_iters=4, warmup_iters=2)
     with claim_dir(tmp_path, tr.RUN_FILES, "latest"):

@@ -14,7 +14,7 @@ import numpy as np
 
 from minigrad.backend import get_xp, to_device
 from minigrad.dtypes import DEFAULT_FLOAT
-from minigrad.tensor import Tensor
+from minigrad.tensor import Tensor, shape_arg
 
 _rng = np.random.default_rng(0)
 
@@ -32,7 +32,11 @@ def default_rng() -> np.random.Generator:
 
 
 def _shape(shape: tuple) -> tuple[int, ...]:
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    """``shape_arg``'s shape, refusing negative sizes."""
+    shape = shape_arg(shape)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"shape {shape} has a negative size; sizes must be >= 0")
+    return shape
 
 
 def tensor(

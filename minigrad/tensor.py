@@ -65,7 +65,13 @@ class Tensor:
         if isinstance(data, Tensor):
             data = data.data
         if not hasattr(data, "dtype"):  # Python numbers and (nested) lists
-            data = np.asarray(data)
+            try:
+                data = np.asarray(data)
+            except ValueError:  # NumPy's "inhomogeneous shape"
+                raise ValueError(
+                    "tensor: nested lists of different lengths; every row along an axis must "
+                    "have the same length"
+                ) from None
             if dtype is None and data.dtype == np.float64:
                 dtype = DEFAULT_FLOAT  # Python floats become float32, as in PyTorch
         data = xp_of(data).asarray(data, dtype=dtype)
@@ -119,6 +125,8 @@ class Tensor:
         return self._ctx is None
 
     def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor: it has no first axis (use .item())")
         return len(self.data)
 
     def __repr__(self) -> str:
@@ -372,7 +380,7 @@ class Tensor:
 
     # ---- shape -----------------------------------------------------------------------------
     def reshape(self, *shape) -> Tensor:
-        shape = _shape_arg(shape)
+        shape = shape_arg(shape)
         return self if shape == self.shape else Reshape.apply(self, shape=shape)
 
     view = reshape
@@ -382,7 +390,7 @@ class Tensor:
 
         A 0-d tensor accepts axis 0 (or -1) and comes back unchanged, as in PyTorch.
         """
-        axes = _shape_arg(axes) or tuple(reversed(range(self.ndim)))
+        axes = shape_arg(axes) or tuple(reversed(range(self.ndim)))
         if self.ndim == 0:
             for a in axes:  # only 0 and -1 are valid: check them, then there is nothing to move
                 normalize_axes(a, 0)
@@ -406,7 +414,7 @@ class Tensor:
 
     def expand(self, *shape) -> Tensor:
         """Broadcast to ``shape`` without copying (-1 keeps a size)."""
-        shape = _shape_arg(shape)
+        shape = shape_arg(shape)
         lead = len(shape) - self.ndim
         shape = tuple(
             self.shape[i - lead] if n == -1 and i >= lead else n for i, n in enumerate(shape)
@@ -424,7 +432,7 @@ class Tensor:
 
     def unsqueeze(self, axis: int) -> Tensor:
         """Insert a size-1 axis at ``axis`` (negative counts from the end of the new shape)."""
-        axis = axis % (self.ndim + 1)
+        (axis,) = normalize_axes(axis, self.ndim + 1)
         return self.reshape(*self.shape[:axis], 1, *self.shape[axis:])
 
     def flatten(self, start_axis: int = 0) -> Tensor:
@@ -494,7 +502,7 @@ class ToDevice(autograd.Function):
 autograd.register_tensor_class(Tensor)
 
 
-def _shape_arg(shape: tuple) -> tuple[int, ...]:
+def shape_arg(shape: tuple) -> tuple[int, ...]:
     """Accept f(2, 3) and f((2, 3)) alike."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         return tuple(shape[0])
@@ -554,19 +562,24 @@ def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     shapes = {t.shape for t in tensors}
     if len(shapes) > 1:
         raise ValueError(f"stack: every tensor must have the same shape, got {sorted(shapes)}")
-    axis = axis % (tensors[0].ndim + 1)
+    (axis,) = normalize_axes(axis, tensors[0].ndim + 1)
     return concatenate([t.unsqueeze(axis) for t in tensors], axis=axis)
 
 
 def split(x: Tensor, sections: int | Sequence[int], axis: int = 0) -> list[Tensor]:
     """Split into pieces of the given sizes (a list) or into ``sections`` equal pieces (an int)."""
+    (axis,) = normalize_axes(axis, x.ndim)
     n = x.shape[axis]
     if isinstance(sections, int):
+        if sections < 1:
+            raise ValueError(f"split: sections must be a positive number of pieces, got {sections}")
         if n % sections:
             raise ValueError(f"split: axis {axis} of size {n} does not divide into {sections}")
         sizes = [n // sections] * sections
     else:
         sizes = list(sections)
+        if min(sizes, default=0) < 0:
+            raise ValueError(f"split: sizes {sizes} must not be negative")
         if sum(sizes) != n:
             raise ValueError(f"split: sizes {sizes} add up to {sum(sizes)}, not to {n}")
     pieces, start = [], 0

@@ -191,6 +191,7 @@ OPS = [
     Op("squeeze", *same(lambda x: x.squeeze()), ALL, ("squeeze",)),
     Op("squeeze_0", *same(lambda x: x.squeeze(0)), ALL),
     Op("unsqueeze", *same(lambda x: x.unsqueeze(-1)), ALL, ("unsqueeze",)),
+    Op("unsqueeze_past_the_end", *same(lambda x: x.unsqueeze(x.ndim + 1)), ALL),  # refused
     Op("flatten", *same(lambda x: x.flatten()), ALL, ("flatten",)),
     Op("flatten_1", *same(lambda x: x.flatten(1)), SHAPED),
     Op("getitem_none", *same(lambda x: x[None]), ALL, ("__getitem__",)),
@@ -232,6 +233,13 @@ OPS = [
         ("zero_d", "empty", "nonfinite", "ties"),
         ("mg.stack",),
         2,
+    ),
+    Op(
+        "stack_past_the_end",
+        lambda a, b: mg.stack([a, b], axis=a.ndim + 2),
+        lambda a, b: torch.stack([a, b], a.ndim + 2),
+        ("zero_d", "ties"),
+        arity=2,
     ),
     # ---- matrix products: x with its own transpose, so any shape has a partner ---------------
     Op("matmul", *same(lambda x: x @ x.T), ALL, ("__matmul__", "matmul")),

@@ -605,3 +605,20 @@ def test_refusals_where_pytorch_refuses():
         mg.ones(2).masked_fill(mg.tensor([True, False]), 1 + 2j)
     # as in PyTorch, masked_fill keeps the tensor's dtype: the value is converted to it
     assert mg.tensor([1, 2]).masked_fill(mg.tensor([True, False]), 2.5).tolist() == [2, 2]
+
+
+def test_out_of_range_axes_and_sizes_are_refused_not_wrapped():
+    x = mg.ones(2, 3)
+    # regression: unsqueeze and stack took the axis modulo ndim + 1, so 5 silently meant 2
+    with pytest.raises(ValueError, match="axis 5 is out of range for a tensor with 3 dim"):
+        x.unsqueeze(5)
+    with pytest.raises(ValueError, match="axis 4 is out of range"):
+        mg.stack([x, x], axis=4)
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        x.split(1, axis=2)
+    with pytest.raises(ValueError, match="sections must be a positive number of pieces, got 0"):
+        x.split(0)  # regression: ZeroDivisionError
+    with pytest.raises(ValueError, match=r"sizes \[3, -1\] must not be negative"):
+        x.split([3, -1], axis=1)
+    with pytest.raises(ValueError, match=r"axis \(1, -1\) names an axis twice"):
+        x.sum(axis=(1, -1))

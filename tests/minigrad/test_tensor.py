@@ -142,3 +142,12 @@ def test_manual_seed_and_rng_make_draws_repeatable():
     b = mg.rand(3, rng=np.random.default_rng(1)).tolist()
     assert mg.rand(3, rng=np.random.default_rng(1)).tolist() == b
     assert mg.rand(3, rng=np.random.default_rng(2)).tolist() != b
+
+
+def test_bad_data_gets_a_clear_error():
+    with pytest.raises(ValueError, match="nested lists of different lengths"):
+        mg.tensor([[1, 2], [3]])
+    with pytest.raises(TypeError, match="len\\(\\) of a 0-d tensor"):
+        len(mg.tensor(1.0))
+    with pytest.raises(ValueError, match=r"shape \(2, -1\) has a negative size"):
+        mg.zeros(2, -1)

@@ -14,7 +14,8 @@ checkpoint did not land.
 
 The run directory (``--out``) is locked while a run uses it, a new run refuses one that
 holds a previous run unless told ``--resume`` or ``--overwrite``, and a run that fails
-before its first checkpoint removes the directory it created (decoder.rundir).
+before its first checkpoint removes what it wrote (and puts back a run it was overwriting;
+see decoder.rundir).
 
 Reproducibility: the weights, the batches and dropout each draw from a seeded NumPy
 generator, and a checkpoint keeps every generator's state, so a resumed run repeats the
@@ -397,8 +398,9 @@ def train(
 
     ``resume`` continues from the checkpoint in ``out_dir`` (the model config and the
     settings in RESUME_FIXED must match it; other train-config changes are reported and
-    used). Without it, a directory holding a previous run is refused unless ``overwrite``
-    (which removes that run's files). ``until`` stops after that many steps as if interrupted
+    used). Without it, a directory holding a previous run is refused unless ``overwrite``:
+    that run is moved aside, removed when this one ends, or put back if this one fails
+    before its first checkpoint. ``until`` stops after that many steps as if interrupted
     (checkpoint, then return): a run can be split in pieces. ``data_path`` is only recorded,
     so that ``--resume`` can find the text again. ``progress=False`` prints nothing (no bar,
     no sample).

@@ -4,8 +4,10 @@ Holds a full-matrix reference (`attention_reference` and its hand-written backwa
 of the twin against it in float32 and float64 over sequence lengths, head sizes, grouped-
 query ratios, causal and not, ALiBi, S > T and tile sizes that do not divide T; a finite-
 difference check of the twin's backward; a memory check; a comparison with PyTorch's
-`scaled_dot_product_attention`; an nvcc compile of the .cu for sm_80 and sm_90; and GPU
-tests of the kernel against the twin and the reference.
+`scaled_dot_product_attention`; an nvcc compile of the .cu for sm_80 and sm_90; GPU tests
+of the kernel against the twin and the reference; and the launcher's input checks and
+determinism, on the GPU and in the CPU emulator (test_flash_attention_emulated.py has the
+emulated kernel's grid of cases).
 
 Leaves out timing (that lives in bench/). GPU tests skip without cupy and a GPU, the torch
 test without torch, the compile test without nvcc, each with its reason.
@@ -17,6 +19,7 @@ two implementations, with a failure message naming the output and the worst elem
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import tracemalloc
@@ -388,28 +391,42 @@ def test_cuda_kernel_matches_twin_and_reference(case, causal):
             assert_close(f"{name} (kernel vs {label})", cupy.asnumpy(x), want[name], GPU_TOL)
 
 
-@pytest.mark.gpu
-def test_cuda_kernel_is_deterministic_and_copies_strided_inputs():
-    cupy = _cupy_with_gpu()
+# The launcher's own behaviour, on the GPU and, with NumPy arrays, in the CPU emulator.
+RUNTIMES = ["emulator", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def _array_library(runtime: str):
+    """cupy for the GPU; numpy for the emulator (which needs a C++ compiler)."""
+    if runtime == "gpu":
+        return _cupy_with_gpu()
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        pytest.skip("no C++ compiler (g++ or $CXX): the emulator cannot build the kernels")
+    return np
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_cuda_kernel_is_deterministic_and_copies_strided_inputs(runtime):
+    xp = _array_library(runtime)
+    to_host = getattr(xp, "asnumpy", np.asarray)
     from minigrad.kernels.flash_attention_cuda import (
         flash_attention_backward_cuda,
         flash_attention_forward_cuda,
     )
 
-    q, k, v, grad_o, _ = make_inputs(1, 4, 2, 150, 170, 32, np.float32, False, seed=4)
+    q, k, v, grad_o, _ = make_inputs(1, 4, 2, 50, 70, 32, np.float32, False, seed=4)
     # q as a strided view of a (B, T, nh, hs) array: the wrapper must copy it, not misread it.
-    q_strided = cupy.asarray(np.ascontiguousarray(q.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3)
+    q_strided = xp.asarray(np.ascontiguousarray(q.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3)
     assert not q_strided.flags.c_contiguous
-    k_dev, v_dev, g_dev = cupy.asarray(k), cupy.asarray(v), cupy.asarray(grad_o)
+    k_dev, v_dev, g_dev = xp.asarray(k), xp.asarray(v), xp.asarray(grad_o)
     o, lse = flash_attention_forward_cuda(q_strided, k_dev, v_dev)
     first = flash_attention_backward_cuda(q_strided, k_dev, v_dev, o, lse, g_dev)
     second = flash_attention_backward_cuda(q_strided, k_dev, v_dev, o, lse, g_dev)
     for a, b in zip(first, second, strict=True):  # no atomics: bitwise equal run to run
         assert bool((a == b).all())
-    assert_close("o", cupy.asnumpy(o), attention_reference(*as64(q, k, v))[0], GPU_TOL)
+    assert_close("o", to_host(o), attention_reference(*as64(q, k, v))[0], GPU_TOL)
 
 
-@pytest.mark.gpu
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize(
     "q_shape, k_shape, dtype, match",
     [
@@ -420,10 +437,10 @@ def test_cuda_kernel_is_deterministic_and_copies_strided_inputs():
         ((1, 2, 8, 32), (1, 2, 4, 32), "float32", "T <= S"),
     ],
 )
-def test_cuda_wrapper_refuses_unsupported_inputs(q_shape, k_shape, dtype, match):
-    cupy = _cupy_with_gpu()
+def test_cuda_wrapper_refuses_unsupported_inputs(q_shape, k_shape, dtype, match, runtime):
+    xp = _array_library(runtime)
     from minigrad.kernels.flash_attention_cuda import flash_attention_forward_cuda
 
-    q, k = cupy.zeros(q_shape, dtype=dtype), cupy.zeros(k_shape, dtype=dtype)
+    q, k = xp.zeros(q_shape, dtype=dtype), xp.zeros(k_shape, dtype=dtype)
     with pytest.raises((TypeError, ValueError), match=match):
         flash_attention_forward_cuda(q, k, k)

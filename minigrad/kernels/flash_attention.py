@@ -8,8 +8,9 @@ from `lse` instead of storing the (T, S) matrix, so extra memory is O(T * tile),
 
 Shapes: q (B, nh, T, hs); k, v (B, n_kv, S, hs) with nh a multiple of n_kv (grouped-query
 attention: query head h reads kv head h // (nh // n_kv)) and S >= T. The causal mask is
-aligned to the end, as with a KV cache: query i sees keys j <= (S - T) + i. ALiBi adds
--slopes[h] * |(S - T + i) - j| to the scaled scores.
+aligned to the end, as with a KV cache: query i sees keys j <= (S - T) + i. A sliding
+window W (Mistral) hides the keys further back too: query i then sees (S - T) + i - W < j, W
+keys at most, itself included. ALiBi adds -slopes[h] * |(S - T + i) - j| to the scaled scores.
 
 Leaves out: dropout on the probabilities, padding masks other than causal, a gradient for the
 ALiBi slopes (they are constants), and any autograd wiring (the `Function` that calls these
@@ -28,22 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from minigrad.backend import xp_of
+
 Array = Any  # a numpy.ndarray or a cupy.ndarray; the twin never needs to tell them apart
-
-
-def _array_module(x: Array) -> ModuleType:
-    """The array library `x` belongs to: cupy for cupy arrays, numpy for everything else.
-
-    Checks the type's module name, so cupy is imported only when a cupy array is passed.
-
-    >>> _array_module(np.zeros(3)).__name__
-    'numpy'
-    """
-    if type(x).__module__.split(".")[0] == "cupy":
-        import cupy
-
-        return cupy
-    return np
 
 
 def _check_shapes(q: Array, k: Array, v: Array, alibi_slopes: Array | None) -> None:
@@ -75,19 +63,23 @@ def _tile_scores(
     scale: float,
     causal: bool,
     slopes: Array | None,
+    window: int | None = None,
 ) -> Array:
     """Scaled, biased and masked scores of one (query tile, key tile) pair.
 
     q_tile (B, n_kv, group, bq, hs) holds queries q0 .. q0 + bq - 1 of every head of each
     group; k_tile (B, n_kv, bk, hs) holds keys k0 .. k0 + bk - 1. `offset` = S - T is how far
     the queries sit from the start of the keys. Returns (B, n_kv, group, bq, bk), with -inf
-    where causal hides a key from a query.
+    where causal (or the sliding `window`, which implies causal) hides a key from a query.
 
-    Two queries at the end of three keys (offset 1): the first may not see the last key.
+    Two queries at the end of three keys (offset 1): the first may not see the last key;
+    with a window of 2, the second may not see the first key either.
 
     >>> q_tile, k_tile = np.zeros((1, 1, 1, 2, 1)), np.zeros((1, 1, 3, 1))
     >>> _tile_scores(np, q_tile, k_tile, 0, 0, 1, 1.0, True, None)[0, 0, 0].tolist()
     [[0.0, 0.0, -inf], [0.0, 0.0, 0.0]]
+    >>> _tile_scores(np, q_tile, k_tile, 0, 0, 1, 1.0, True, None, 2)[0, 0, 0].tolist()
+    [[0.0, 0.0, -inf], [-inf, 0.0, 0.0]]
     """
     B, n_kv, group, bq, hs = q_tile.shape
     bk = k_tile.shape[2]
@@ -106,6 +98,10 @@ def _tile_scores(
     # Only tiles that cross the diagonal need a mask; tiles fully above it were skipped.
     if causal and k0 + bk - 1 > offset + q0:
         s = xp.where(j[None, :] > i_abs[:, None], -xp.inf, s)  # (bq, bk) mask broadcast
+    # Likewise only tiles that cross the window's far edge (its first key too old for the
+    # tile's last query); tiles wholly behind the window were skipped.
+    if window is not None and k0 <= i_abs[-1] - window:
+        s = xp.where(j[None, :] <= i_abs[:, None] - window, -xp.inf, s)  # (bq, bk)
     return s
 
 
@@ -118,6 +114,7 @@ def flash_attention_forward(
     scale: float | None = None,
     block_q: int = 128,
     block_k: int = 256,
+    window: int | None = None,
 ) -> tuple[Array, Array]:
     """Attention output and per-row logsumexp, one tile of scores at a time.
 
@@ -131,13 +128,15 @@ def flash_attention_forward(
     lse = m + log(l) = log sum_j exp(s_j) is all the backward needs to rebuild softmax(s).
 
     Causal key tiles entirely above the diagonal are skipped (about half of them); only the
-    tiles that cross it build a mask. Python loops run over tiles only; B and the heads are
-    vectorised inside each tile. block_q and block_k are NumPy-tuned defaults (the CUDA
-    kernel uses its own, much smaller tiles); any positive sizes give the same answer.
+    tiles that cross it build a mask. With a sliding ``window`` (which implies causal), the
+    key tiles wholly behind it are skipped as well, so the cost is O(T * W), not O(T * S).
+    Python loops run over tiles only; B and the heads are vectorised inside each tile.
+    block_q and block_k are NumPy-tuned defaults (the CUDA kernel uses its own, much smaller
+    tiles); any positive sizes give the same answer.
 
     Returns o (B, nh, T, hs) and lse (B, nh, T), both in q's dtype.
     """
-    xp = _array_module(q)
+    xp = xp_of(q)
     _check_shapes(q, k, v, alibi_slopes)
     B, nh, T, hs = q.shape
     n_kv, S = k.shape[1], k.shape[2]
@@ -162,9 +161,12 @@ def flash_attention_forward(
         acc = xp.zeros(q_tile.shape, dtype=dtype)  # (B, n_kv, g, bq, hs) unnormalised output
         # Causal: the last query of this tile sees keys up to offset + q1 - 1; later tiles skip.
         k_end = min(S, offset + q1) if causal else S
-        for k0 in range(0, k_end, block_k):
+        # Window: the first query sees keys from offset + q0 - W + 1 on; earlier tiles skip.
+        k_start = 0 if window is None else max(0, offset + q0 - window + 1) // block_k * block_k
+        for k0 in range(k_start, k_end, block_k):
             k1 = min(k0 + block_k, S)
-            s = _tile_scores(xp, q_tile, k[:, :, k0:k1], q0, k0, offset, scale, causal, slopes)
+            k_tile = k[:, :, k0:k1]  # (B, n_kv, bk, hs)
+            s = _tile_scores(xp, q_tile, k_tile, q0, k0, offset, scale, causal, slopes, window)
             m_new = xp.maximum(m, s.max(axis=-1))  # (B, n_kv, g, bq)
             # subtle: a row with no visible key so far has m_new = -inf, and -inf - -inf is
             # NaN; re-basing it on 0 instead gives p = 0 and alpha = 0, which is the truth.
@@ -196,6 +198,7 @@ def flash_attention_backward(
     scale: float | None = None,
     block_q: int = 128,
     block_k: int = 256,
+    window: int | None = None,
 ) -> tuple[Array, Array, Array]:
     """Gradients of the attention output with respect to q, k and v, tile by tile.
 
@@ -211,11 +214,12 @@ def flash_attention_backward(
 
     The loops run key tiles outside and query tiles inside, as the CUDA kernel does: the
     key tile's dK and dV stay in one accumulator while dQ gets a slice added per key tile.
-    Causal query tiles that lie entirely before a key tile (every score masked) are skipped.
+    Causal query tiles that lie entirely before a key tile (every score masked) are skipped,
+    and with a sliding ``window`` so are those entirely past its reach.
 
     Returns dq (B, nh, T, hs), dk and dv (B, n_kv, S, hs), in q's dtype.
     """
-    xp = _array_module(q)
+    xp = xp_of(q)
     _check_shapes(q, k, v, alibi_slopes)
     B, nh, T, hs = q.shape
     n_kv, S = k.shape[1], k.shape[2]
@@ -241,15 +245,18 @@ def flash_attention_backward(
         k_tile, v_tile = k[:, :, k0:k1], v[:, :, k0:k1]  # (B, n_kv, bk, hs)
         # Causal: query i sees key k0 only if i >= k0 - offset; earlier query tiles skip.
         q_start = max(0, k0 - offset) // block_q * block_q if causal else 0
-        for q0 in range(q_start, T, block_q):
+        # Window: key k1 - 1 is seen by queries up to absolute position k1 - 1 + W - 1 only.
+        q_end = T if window is None else max(0, min(T, k1 + window - 1 - offset))
+        for q0 in range(q_start, q_end, block_q):
             q1 = min(q0 + block_q, T)
             bq, bk = q1 - q0, k1 - k0
-            s = _tile_scores(xp, qg[:, :, :, q0:q1], k_tile, q0, k0, offset, scale, causal, slopes)
+            q_tile = qg[:, :, :, q0:q1]  # (B, n_kv, g, bq, hs)
+            s = _tile_scores(xp, q_tile, k_tile, q0, k0, offset, scale, causal, slopes, window)
             p = xp.exp(s - lse_safe[:, :, :, q0:q1, None])  # (B, n_kv, g, bq, bk)
             p_rows = p.reshape(B, n_kv, group * bq, bk)  # -> (B, n_kv, g*bq, bk)
             # Stack the group's rows so the products below sum over the group for dK, dV.
             do_rows = dog[:, :, :, q0:q1].reshape(B, n_kv, group * bq, hs)  # -> (.., g*bq, hs)
-            q_rows = qg[:, :, :, q0:q1].reshape(B, n_kv, group * bq, hs)  # -> (.., g*bq, hs)
+            q_rows = q_tile.reshape(B, n_kv, group * bq, hs)  # -> (B, n_kv, g*bq, hs)
             dv[:, :, k0:k1] += p_rows.swapaxes(-1, -2) @ do_rows  # (bk, g*bq) @ (g*bq, hs)
             dp = do_rows @ v_tile.swapaxes(-1, -2)  # (g*bq, hs) @ (hs, bk) -> (B, n_kv, g*bq, bk)
             ds = p * (dp.reshape(p.shape) - D[:, :, :, q0:q1, None])  # (B, n_kv, g, bq, bk)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from minigrad.kernels.flash_attention import _array_module
+from minigrad.backend import xp_of
 
 Array = Any  # a cupy.ndarray (or a NumPy one for the emulator): no real annotation
 
@@ -50,7 +50,7 @@ _NULL = np.intp(0)
 def _runtime(x: Array) -> tuple[ModuleType, Any, dict]:
     """The array module, RawModule class and device attributes for x: CuPy's for a CuPy
     array, the emulator's for a NumPy one. The only line that knows which it got."""
-    xp = _array_module(x)
+    xp = xp_of(x)
     if xp is np:
         from minigrad.kernels import emulator
 
@@ -141,7 +141,7 @@ def _prepare(name: str, x: Array, ndim: int, xp: ModuleType) -> Array:
 def _check_qkv(q: Array, k: Array, v: Array) -> tuple[Array, Array, Array]:
     """Validate the attention inputs (see the module docstring of the twin); return them
     contiguous."""
-    xp = _array_module(q)
+    xp = xp_of(q)
     q, k, v = _prepare("q", q, 4, xp), _prepare("k", k, 4, xp), _prepare("v", v, 4, xp)
     B, nh, T, hs = q.shape
     Bk, n_kv, S, hs_k = k.shape
@@ -198,7 +198,7 @@ def flash_attention_forward_cuda(
     and sizes with a ValueError/TypeError that says why. scale defaults to 1/sqrt(hs).
     NumPy arrays run the same kernels in the emulator.
     """
-    xp = _array_module(q)
+    xp = xp_of(q)
     q, k, v = _check_qkv(q, k, v)
     B, nh, T, hs = q.shape
     slopes = _slopes(alibi_slopes, nh, xp)
@@ -227,7 +227,7 @@ def flash_attention_backward_cuda(
     and dV (one block per key tile), then dQ (one block per query tile); the .cu explains
     why dQ has its own kernel instead of atomicAdd.
     """
-    xp = _array_module(q)
+    xp = xp_of(q)
     q, k, v = _check_qkv(q, k, v)
     B, nh, T, hs = q.shape
     n_kv = k.shape[1]

@@ -6,8 +6,8 @@ Every op in minigrad works on raw arrays and asks this module for the array name
 Left out on purpose: multiple GPUs (``"cuda"`` means the current device), mixed host/device
 arithmetic (mixing raises), and any automatic transfer (moves are explicit, as in PyTorch).
 
-CuPy is imported only the first time a CUDA array is asked for, so a laptop without it never
-pays for (or fails on) the import.
+CuPy is imported only the first time a CUDA array is asked for (or a CuPy array is met), so a
+laptop without it never pays for (or fails on) the import.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The CuPy backend: every op on "cuda" equals the CPU result, forward and backward.
 
 The GPU tests run on the GPU where CuPy sees one, and elsewhere on the CuPy stand-in
-(tests/support/fake_cupy.py), which refuses any implicit move to the host. The CPU result is the reference
-(it is itself checked against finite differences and PyTorch): each case runs the same code
-on the same float64 data on both devices and compares. Also here: moves between devices with
-the gradient flowing back across, and the errors for mixed devices and for a missing CuPy.
+(tests/support/fake_cupy.py), which refuses any implicit move to the host. The CPU result is
+the reference (it is itself checked against finite differences and PyTorch): each case runs
+the same code on the same float64 data on both devices and compares. Also here: moves
+between devices with the gradient flowing back across, and the errors for mixed devices and
+for a missing CuPy.
 """
 
 from __future__ import annotations

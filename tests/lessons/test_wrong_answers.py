@@ -11,7 +11,9 @@ import importlib
 import math
 import sys
 from itertools import pairwise
+from pathlib import Path
 
+import checks
 import numpy as np
 import pytest
 from exercises import NotAttempted, check, exercise_test, solution, todo
@@ -22,6 +24,7 @@ from solutions import (
     lesson09,
     lesson10,
     lesson11,
+    lesson13,
 )
 
 import minigrad as mg
@@ -31,8 +34,6 @@ from minigrad import autograd
 from minigrad import functional as F
 from minigrad.backend import xp_of
 from minigrad.optim import clip_grad_norm_, cosine_lr
-
-LESSON_COUNT = 12
 
 
 # ---- lesson 1 ------------------------------------------------------------------------------
@@ -378,6 +379,21 @@ def softplus_wrong_gradient(x):
     return SoftplusWrongGradient.apply(x)
 
 
+# ---- lesson 13 -----------------------------------------------------------------------------
+def grad_rms_as_std(named_params):
+    return {n: 0.0 if p.grad is None else float(np.std(p.grad)) for n, p in named_params}
+
+
+def update_ratios_by_std(before, after):
+    """The std instead of the RMS: a LayerNorm gain of ones has std 0, and its ratio is inf."""
+    with np.errstate(divide="ignore"):
+        return {n: float(np.log10(np.std(after[n] - b) / np.std(b))) for n, b in before.items()}
+
+
+def update_ratios_not_logged(before, after):
+    return {n: 10**r for n, r in lesson13.update_ratios(before, after).items()}
+
+
 WRONG = [
     ("lesson01", "topological_sort", topological_sort_recursive),
     ("lesson01", "topological_sort", topological_sort_children_first),
@@ -427,14 +443,23 @@ WRONG = [
     ("lesson12", "logsumexp", logsumexp_numpy_only),
     ("lesson12", "logsumexp", logsumexp_unshifted),
     ("lesson12", "softplus", softplus_wrong_gradient),
+    ("lesson13", "grad_rms", grad_rms_as_std),
+    ("lesson13", "update_ratios", update_ratios_by_std),
+    ("lesson13", "update_ratios", update_ratios_not_logged),
 ]
 
+CHECKS = sorted(p.stem for p in (Path(checks.__file__).parent).glob("lesson*.py"))
 EXERCISES = [
-    (f"lesson{i:02d}", test[len("test_") :])
-    for i in range(1, LESSON_COUNT + 1)
-    for test in vars(importlib.import_module(f"checks.lesson{i:02d}"))
+    (lesson, test[len("test_") :])
+    for lesson in CHECKS
+    for test in vars(importlib.import_module(f"checks.{lesson}"))
     if test.startswith("test_")
 ]
+
+
+def test_every_lesson_has_checks():
+    notebooks = sorted(Path(checks.__file__).parents[1].glob("[0-9][0-9]_*.ipynb"))
+    assert CHECKS == [f"lesson{p.name[:2]}" for p in notebooks]
 
 
 @pytest.mark.parametrize(

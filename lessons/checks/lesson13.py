@@ -1,0 +1,61 @@
+"""Checks of lesson 13 (debugging habits): ``grad_rms`` and ``update_ratios``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import minigrad as mg
+from decoder.config import ModelConfig
+from decoder.model import Decoder
+from minigrad.optim import AdamW
+
+
+def small_model() -> Decoder:
+    mg.manual_seed(0)
+    return Decoder(ModelConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
+
+
+def test_grad_rms(fn):
+    model = small_model()
+    x = np.arange(16).reshape(2, 8) % 20
+    _, loss = model(x, (x + 1) % 20)
+    loss.backward()
+    model.tok_emb.weight.grad = None  # one parameter without a gradient
+    got = fn(list(model.named_parameters()))
+    names = [name for name, _ in model.named_parameters()]
+    assert sorted(got) == sorted(names), "one entry per parameter name"
+    assert got["tok_emb.weight"] == 0.0, "a parameter without a gradient has RMS 0"
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            want = math.sqrt(float(np.mean(p.grad.astype(np.float64) ** 2)))
+            assert math.isclose(got[name], want, rel_tol=1e-5), (
+                f"{name}: got {got[name]}, want sqrt(mean(g^2)) = {want} (the RMS, not the std)"
+            )
+
+
+def test_update_ratios(fn):
+    model = small_model()
+    opt = AdamW(model.parameters(), lr=1e-2)
+    x = np.arange(16).reshape(2, 8) % 20
+    before = {name: p.numpy().copy() for name, p in model.named_parameters()}
+    _, loss = model(x, (x + 1) % 20)
+    loss.backward()
+    opt.step()
+    after = {name: p.numpy().copy() for name, p in model.named_parameters()}
+    got = fn(before, after)
+
+    def rms(a):
+        return float(np.sqrt(np.mean(np.square(a))))
+
+    for name in before:
+        if rms(before[name]) == 0:
+            assert got[name] == math.inf, f"{name} was all zeros: its ratio is inf"
+            continue
+        want = math.log10(rms(after[name] - before[name]) / rms(before[name]))
+        assert math.isclose(got[name], want, rel_tol=1e-6, abs_tol=1e-9), (
+            f"{name}: got {got[name]:.4f}, want log10(rms(update) / rms(weights)) = {want:.4f}"
+        )
+    one = fn({"w": np.array([1.0, -1.0])}, {"w": np.array([1.001, -1.001])})["w"]
+    assert math.isclose(one, -3.0, abs_tol=1e-6), f"a step of 0.001 on weights of 1: got {one}"

@@ -89,10 +89,12 @@ class Pow(Function):
         xp = xp_of(grad_out)
         need_x, need_y = ctx.needs_input_grad
         grad_x = grad_y = None
-        if need_x:
+        if need_x and isinstance(y, (int, float)):  # a Python exponent: decide on the host
+            grad_x = xp.zeros_like(grad_out) if y == 0 else grad_out * y * x ** (y - 1)
+        elif need_x:
             grad_x = xp.where(y == 0, 0, grad_out * y * x ** (y - 1))
-        if need_y:
-            grad_y = xp.where((x == 0) & (y >= 0), 0, grad_out * z * xp.log(x))
+        if need_y:  # y is an array here; x may be a Python number, so log it with its own xp
+            grad_y = xp.where((x == 0) & (y >= 0), 0, grad_out * z * xp_of(x).log(x))
         return grad_x, grad_y
 
 

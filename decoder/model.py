@@ -30,8 +30,10 @@ Follows nanoGPT's ``model.py`` (Karpathy) and Meta's Llama reference code for th
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -186,6 +188,25 @@ class Decoder(Module):
                 tables.append(self.pos_emb.weight)
             total -= sum(p.size for p in tables if p.requires_grad or not trainable_only)
         return total
+
+    # ---- Hugging Face checkpoints ---------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, source: str | os.PathLike, device: str = "cpu") -> Decoder:
+        """A model from a Hugging Face directory (``config.json`` + safetensors weights) or a
+        hub name such as ``"gpt2"``: GPT-2 and the Llama family, see decoder/pretrained.py.
+
+        It is in float32 and in eval mode on ``device``.
+        """
+        from decoder.pretrained import from_pretrained
+
+        return from_pretrained(source, device)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` in the Hugging Face layout, which
+        ``transformers`` loads (GPT-2 and the Llama family; others are refused)."""
+        from decoder.pretrained import save_pretrained
+
+        return save_pretrained(self, directory)
 
     # ---- sampling --------------------------------------------------------------------------
     def generate(

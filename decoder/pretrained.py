@@ -1,0 +1,539 @@
+"""Hugging Face checkpoints: load GPT-2 and Llama-family models into a ``Decoder``, save back.
+
+A Hugging Face model directory holds ``config.json`` (the architecture and its sizes) and the
+weights, as ``model.safetensors`` or as shards listed in ``model.safetensors.index.json``.
+Loading takes three explicit steps, each refusing what it cannot honour by name:
+
+1. ``config_from_hf``: ``config.json`` -> ``ModelConfig``. Every field is translated, checked
+   against the one value we implement, or listed as not changing the outputs
+   (``IGNORED_FIELDS``: token ids, init scale, caching switches). Any other field is an
+   error naming it: a model is never built with a setting silently dropped.
+2. The name map, one readable table per family (``GPT2_NAMES``, ``LLAMA_NAMES``): our
+   parameter, theirs, and how the layout differs. GPT-2 is written with ``Conv1D`` layers,
+   which store W as (in, out), the transpose of a Linear's (out, in), and fuses W_Q, W_K,
+   W_V into one ``c_attn`` of 3 C outputs. The Llama family (Mistral, Qwen2) uses Linear
+   layers with our layout, and rotate-half RoPE as ours (decoder/positional.py).
+3. The weights are read through a memory map (``minigrad.serialization.open_safetensors``)
+   and copied one tensor at a time into the model, converted to float32 (bfloat16 by its
+   bits), so the process never holds the file's weights and the model's at once.
+
+``save_pretrained`` writes the same layout back for a model the format can express, so
+``transformers`` loads it. ``resolve_source`` turns a hub name (``gpt2``) into a directory
+through ``huggingface_hub`` (the optional extra ``hub``), with an offline error that says
+what to download and where. The tokenizer comes with the model (``load_pretrained``):
+tiktoken's ``gpt2`` for GPT-2, the ``tokenizer.json`` beside the weights for the Llama
+family (decoder/hf_tokenizer.py).
+
+Left out on purpose: sliding-window attention (Mistral's window, issue 16), RoPE scaling
+(linear, NTK, YaRN, Llama 3's), quantised weights, and the other architectures.
+Follows the layouts of Hugging Face transformers' ``modeling_gpt2.py`` and
+``modeling_llama.py``, and picoGPT's GPT-2 loader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from decoder.config import ModelConfig
+from decoder.model import Decoder
+from minigrad.backend import to_numpy
+from minigrad.fileio import atomic_write
+from minigrad.serialization import open_safetensors, save_safetensors
+
+CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+TOKENIZER_JSON = "tokenizer.json"
+HUB_FILES = [CONFIG, WEIGHTS, INDEX, "model-*.safetensors", TOKENIZER_JSON]
+# architecture -> (family, model_type) for the ones we load and save
+ARCHITECTURES = {
+    "GPT2LMHeadModel": ("gpt2", "gpt2"),
+    "LlamaForCausalLM": ("llama", "llama"),
+    "MistralForCausalLM": ("llama", "mistral"),
+    "Qwen2ForCausalLM": ("llama", "qwen2"),
+}
+# Fields that do not change a causal LM's outputs: token ids, init, output switches, metadata.
+IGNORED_FIELDS = {
+    "architectures", "model_type", "transformers_version", "_name_or_path", "dtype",
+    "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
+    "use_cache", "output_attentions", "output_hidden_states", "return_dict", "id2label",
+    "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
+    "task_specific_params", "tokenizer_class", "n_ctx", "pretraining_tp",
+    # GPT-2's sequence-classification head (GPT2DoubleHeadsModel), absent from GPT2LMHeadModel
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout",
+    # GPT-2: an fp16 overflow guard (the same math) and Qwen2's window (checked when in use)
+    "reorder_and_upcast_attn", "max_window_layers",
+}  # fmt: skip
+# Buffers some checkpoints carry that are functions of the config, not weights:
+# GPT-2's causal mask ("h.0.attn.bias", "h.0.attn.masked_bias") and Llama's RoPE frequencies.
+BUFFER_NAMES = re.compile(r"(^|\.)h\.\d+\.attn\.(masked_)?bias$|\.rotary_emb\.inv_freq$")
+SLIDING_WINDOW_ISSUE = "sliding-window attention (issue 16) is not implemented here yet"
+
+
+class PretrainedError(ValueError):
+    """A Hugging Face model directory that cannot be loaded or a model that cannot be saved."""
+
+
+# ---- the name maps ---------------------------------------------------------------------------
+# Layouts: AS_IS copies; CONV1D transposes GPT-2's (in, out) Conv1D weight to our (out, in);
+# (k, 3) takes the k-th third of the last axis (GPT-2's fused c_attn: q, k, v), then
+# transposes a weight.
+AS_IS, CONV1D = "as is", "Conv1D"
+Q, K, V = (0, 3), (1, 3), (2, 3)
+
+# fmt: off
+GPT2_NAMES = [
+    # ours                          GPT-2's (GPT2LMHeadModel)        layout
+    ("tok_emb.weight",              "wte.weight",                    AS_IS),
+    ("pos_emb.weight",              "wpe.weight",                    AS_IS),
+    ("blocks.{i}.norm1.weight",     "h.{i}.ln_1.weight",             AS_IS),
+    ("blocks.{i}.norm1.bias",       "h.{i}.ln_1.bias",               AS_IS),
+    ("blocks.{i}.attn.wq.weight",   "h.{i}.attn.c_attn.weight",      Q),
+    ("blocks.{i}.attn.wk.weight",   "h.{i}.attn.c_attn.weight",      K),
+    ("blocks.{i}.attn.wv.weight",   "h.{i}.attn.c_attn.weight",      V),
+    ("blocks.{i}.attn.wq.bias",     "h.{i}.attn.c_attn.bias",        Q),
+    ("blocks.{i}.attn.wk.bias",     "h.{i}.attn.c_attn.bias",        K),
+    ("blocks.{i}.attn.wv.bias",     "h.{i}.attn.c_attn.bias",        V),
+    ("blocks.{i}.attn.wo.weight",   "h.{i}.attn.c_proj.weight",      CONV1D),
+    ("blocks.{i}.attn.wo.bias",     "h.{i}.attn.c_proj.bias",        AS_IS),
+    ("blocks.{i}.norm2.weight",     "h.{i}.ln_2.weight",             AS_IS),
+    ("blocks.{i}.norm2.bias",       "h.{i}.ln_2.bias",               AS_IS),
+    ("blocks.{i}.ffn.w1.weight",    "h.{i}.mlp.c_fc.weight",         CONV1D),
+    ("blocks.{i}.ffn.w1.bias",      "h.{i}.mlp.c_fc.bias",           AS_IS),
+    ("blocks.{i}.ffn.w2.weight",    "h.{i}.mlp.c_proj.weight",       CONV1D),
+    ("blocks.{i}.ffn.w2.bias",      "h.{i}.mlp.c_proj.bias",         AS_IS),
+    ("norm_f.weight",               "ln_f.weight",                   AS_IS),
+    ("norm_f.bias",                 "ln_f.bias",                     AS_IS),
+    ("lm_head.weight",              "lm_head.weight",                AS_IS),  # untied only
+]
+GPT2_PREFIX = "transformer."  # GPT2LMHeadModel's body; the hub's own gpt2 file has none
+
+LLAMA_NAMES = [
+    # ours                          the Llama family's (also Mistral, Qwen2)          layout
+    ("tok_emb.weight",              "model.embed_tokens.weight",                      AS_IS),
+    ("blocks.{i}.norm1.weight",     "model.layers.{i}.input_layernorm.weight",        AS_IS),
+    ("blocks.{i}.attn.wq.weight",   "model.layers.{i}.self_attn.q_proj.weight",       AS_IS),
+    ("blocks.{i}.attn.wk.weight",   "model.layers.{i}.self_attn.k_proj.weight",       AS_IS),
+    ("blocks.{i}.attn.wv.weight",   "model.layers.{i}.self_attn.v_proj.weight",       AS_IS),
+    ("blocks.{i}.attn.wo.weight",   "model.layers.{i}.self_attn.o_proj.weight",       AS_IS),
+    ("blocks.{i}.attn.wq.bias",     "model.layers.{i}.self_attn.q_proj.bias",         AS_IS),
+    ("blocks.{i}.attn.wk.bias",     "model.layers.{i}.self_attn.k_proj.bias",         AS_IS),
+    ("blocks.{i}.attn.wv.bias",     "model.layers.{i}.self_attn.v_proj.bias",         AS_IS),
+    ("blocks.{i}.attn.wo.bias",     "model.layers.{i}.self_attn.o_proj.bias",         AS_IS),
+    ("blocks.{i}.norm2.weight",     "model.layers.{i}.post_attention_layernorm.weight", AS_IS),
+    ("blocks.{i}.ffn.w1.weight",    "model.layers.{i}.mlp.gate_proj.weight",          AS_IS),
+    ("blocks.{i}.ffn.w3.weight",    "model.layers.{i}.mlp.up_proj.weight",            AS_IS),
+    ("blocks.{i}.ffn.w2.weight",    "model.layers.{i}.mlp.down_proj.weight",          AS_IS),
+    ("blocks.{i}.ffn.w1.bias",      "model.layers.{i}.mlp.gate_proj.bias",            AS_IS),
+    ("blocks.{i}.ffn.w3.bias",      "model.layers.{i}.mlp.up_proj.bias",              AS_IS),
+    ("blocks.{i}.ffn.w2.bias",      "model.layers.{i}.mlp.down_proj.bias",            AS_IS),
+    ("norm_f.weight",               "model.norm.weight",                              AS_IS),
+    ("lm_head.weight",              "lm_head.weight",                                 AS_IS),
+]
+# fmt: on
+NAMES = {"gpt2": GPT2_NAMES, "llama": LLAMA_NAMES}
+
+
+def name_map(names: list[str], family: str, n_layer: int) -> dict[str, tuple[str, Any]]:
+    """Our parameter names -> (their name, layout), for the parameters a model has.
+
+    >>> name_map(["blocks.0.attn.wk.weight"], "gpt2", n_layer=1)
+    {'blocks.0.attn.wk.weight': ('h.0.attn.c_attn.weight', (1, 3))}
+    """
+    table = {}
+    for ours, theirs, layout in NAMES[family]:
+        for i in range(n_layer) if "{i}" in ours else [None]:
+            table[ours.format(i=i)] = (theirs.format(i=i), layout)
+    unmapped = [n for n in names if n not in table]
+    if unmapped:
+        raise PretrainedError(
+            f"the model holds {unmapped}, which the {family} layout has no place for (a LoRA "
+            f"adapter? merge it first with minigrad.nn.lora.merge_lora)"
+        )
+    return {n: table[n] for n in names}
+
+
+def to_ours(array: np.ndarray, layout: Any) -> np.ndarray:
+    """Their tensor in our layout (a view where it can be: nothing is copied here).
+
+    >>> to_ours(np.arange(6).reshape(1, 6), Q)  # GPT-2's c_attn: (C, 3C) -> W_Q (C, C)
+    array([[0],
+           [1]])
+    """
+    if layout == CONV1D:
+        return array.T  # (in, out) -> (out, in)
+    if isinstance(layout, tuple):
+        k, parts = layout
+        n = array.shape[-1] // parts
+        part = array[..., k * n : (k + 1) * n]  # (C, 3C) -> (C, C) or (3C,) -> (C,)
+        return part.T if part.ndim == 2 else part
+    return array
+
+
+# ---- config.json -> ModelConfig --------------------------------------------------------------
+def config_from_hf(hf: Mapping[str, Any]) -> tuple[ModelConfig, str]:
+    """Translate a Hugging Face ``config.json`` into a ModelConfig: (config, family).
+
+    Raises PretrainedError naming the architecture or the first field we cannot honour.
+    """
+    archs = hf.get("architectures") or []
+    known = [a for a in archs if a in ARCHITECTURES]
+    if not known:
+        raise PretrainedError(
+            f"config.json names the architectures {archs} (model_type "
+            f"{hf.get('model_type')!r}); this loader reads {sorted(ARCHITECTURES)}"
+        )
+    family, _ = ARCHITECTURES[known[0]]
+    fields = _Fields(hf)
+    kw = _gpt2_fields(fields) if family == "gpt2" else _llama_fields(fields, known[0])
+    left = sorted(set(hf) - fields.read - IGNORED_FIELDS)
+    if left:
+        raise PretrainedError(
+            f"config.json sets {left}, which this loader cannot honour for {known[0]}; a model "
+            f"built without them would compute something else"
+        )
+    return ModelConfig(**kw), family
+
+
+class _Fields:
+    """config.json's fields, remembering which were read (the rest must be ignorable)."""
+
+    def __init__(self, hf: Mapping[str, Any]):
+        self.hf, self.read = hf, set()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.read.add(name)
+        value = self.hf.get(name)
+        return default if value is None else value
+
+    def require(self, name: str, allowed: tuple, default: Any = None, why: str = "") -> Any:
+        value = self.get(name, default)
+        if value not in allowed:
+            raise PretrainedError(
+                f"config.json sets {name}={value!r}; this loader implements {allowed} only"
+                + (f" ({why})" if why else "")
+            )
+        return value
+
+
+def _gpt2_fields(f: _Fields) -> dict[str, Any]:
+    f.require("activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new")
+    f.require("scale_attn_weights", (True,), True)
+    f.require("scale_attn_by_inverse_layer_idx", (False,), False)
+    f.require("add_cross_attention", (False,), False)
+    drops = {name: f.get(name, 0.1) for name in ("attn_pdrop", "resid_pdrop", "embd_pdrop")}
+    if len(set(drops.values())) > 1:
+        raise PretrainedError(f"config.json sets different dropouts {drops}; ours is one rate")
+    return dict(
+        vocab_size=f.get("vocab_size"),
+        block_size=f.get("n_positions"),
+        n_layer=f.get("n_layer"),
+        n_head=f.get("n_head"),
+        n_embd=f.get("n_embd"),
+        ffn_hidden=f.get("n_inner"),  # None: 4 n_embd, as GPT-2's default
+        norm_eps=f.get("layer_norm_epsilon", 1e-5),
+        tie_weights=f.get("tie_word_embeddings", True),
+        dropout=drops["attn_pdrop"],
+        pos="learned",
+        norm="layer",
+        ffn="gelu",
+        bias=True,
+    )
+
+
+def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
+    n_embd, n_head = f.get("hidden_size"), f.get("num_attention_heads")
+    f.require("hidden_act", ("silu",), "silu")
+    f.require("attention_dropout", (0, 0.0), 0.0, "dropout only on the attention weights")
+    f.require("head_dim", (n_embd // n_head,), n_embd // n_head, "hidden_size / heads")
+    # rope_parameters (transformers 5) holds what rope_theta and rope_scaling held before
+    rope = {"rope_theta": f.get("rope_theta", 10000.0), **(f.get("rope_scaling") or {})}
+    rope.update(f.get("rope_parameters") or {})
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    theta = rope.pop("rope_theta")
+    if rope_type != "default" or rope:
+        raise PretrainedError(
+            f"config.json asks for RoPE scaling {rope_type!r} ({rope}); this loader implements "
+            f"plain RoPE only (no linear, dynamic, YaRN or llama3 scaling)"
+        )
+    window = f.get("sliding_window")
+    if arch == "Qwen2ForCausalLM" and not f.get("use_sliding_window", False):
+        window = None  # Qwen2 names a window but uses it only when use_sliding_window is set
+    block_size = f.get("max_position_embeddings")
+    if window is not None and window < block_size:
+        raise PretrainedError(
+            f"config.json sets sliding_window={window}, below max_position_embeddings="
+            f"{block_size}: {SLIDING_WINDOW_ISSUE}"
+        )
+    layer_types = set(f.get("layer_types", ["full_attention"]))
+    if layer_types != {"full_attention"}:
+        raise PretrainedError(
+            f"config.json sets layer_types {sorted(layer_types)}: {SLIDING_WINDOW_ISSUE}"
+        )
+    qkv_bias = arch == "Qwen2ForCausalLM"  # Qwen2's q, k, v projections always have biases
+    attention_bias, mlp_bias = f.get("attention_bias", False), f.get("mlp_bias", False)
+    if attention_bias != mlp_bias:
+        raise PretrainedError(
+            f"config.json sets attention_bias={attention_bias} but mlp_bias={mlp_bias}; our "
+            f"`bias` puts biases on every Linear or none"
+        )
+    return dict(
+        vocab_size=f.get("vocab_size"),
+        block_size=block_size,
+        n_layer=f.get("num_hidden_layers"),
+        n_head=n_head,
+        n_kv_head=f.get("num_key_value_heads", n_head),
+        n_embd=n_embd,
+        ffn_hidden=f.get("intermediate_size"),
+        norm_eps=f.get("rms_norm_eps", 1e-6),
+        rope_theta=float(theta),
+        tie_weights=f.get("tie_word_embeddings", False),
+        pos="rope",
+        norm="rms",
+        ffn="swiglu",
+        bias=attention_bias,
+        qkv_bias=qkv_bias,
+    )
+
+
+# ---- ModelConfig -> config.json --------------------------------------------------------------
+def config_to_hf(config: ModelConfig) -> tuple[dict[str, Any], str]:
+    """The ``config.json`` of a model the format can express: (fields, family).
+
+    Raises PretrainedError naming the first setting no supported architecture has.
+    """
+    c = config
+    shared = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_weights}
+    if c.norm_position != "pre" or c.parallel_block:
+        raise PretrainedError(
+            f"norm_position={c.norm_position!r}, parallel_block={c.parallel_block}: GPT-2 and "
+            f"the Llama family are pre-norm, sequential blocks"
+        )
+    gpt2 = (c.pos, c.norm, c.ffn) == ("learned", "layer", "gelu")
+    llama = (c.pos, c.norm, c.ffn) == ("rope", "rms", "swiglu")
+    if gpt2 and c.bias and c.n_kv_head == c.n_head:
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            **shared,
+            "n_positions": c.block_size,
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "n_embd": c.n_embd,
+            "n_inner": c.ffn_hidden,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": c.norm_eps,
+            "attn_pdrop": c.dropout,
+            "resid_pdrop": c.dropout,
+            "embd_pdrop": c.dropout,
+        }, "gpt2"
+    if llama and c.dropout == 0:
+        arch = "Qwen2ForCausalLM" if c.qkv_bias and not c.bias else "LlamaForCausalLM"
+        return {
+            "architectures": [arch],
+            "model_type": ARCHITECTURES[arch][1],
+            **shared,
+            "max_position_embeddings": c.block_size,
+            "num_hidden_layers": c.n_layer,
+            "num_attention_heads": c.n_head,
+            "num_key_value_heads": c.n_kv_head,
+            "hidden_size": c.n_embd,
+            "intermediate_size": c.ffn_hidden,
+            "hidden_act": "silu",
+            "rms_norm_eps": c.norm_eps,
+            "rope_theta": c.rope_theta,
+            **(
+                {} if arch == "Qwen2ForCausalLM" else {"attention_bias": c.bias, "mlp_bias": c.bias}
+            ),
+        }, "llama"
+    raise PretrainedError(
+        f"no Hugging Face architecture here has pos={c.pos!r}, norm={c.norm!r}, ffn={c.ffn!r}, "
+        f"bias={c.bias}, qkv_bias={c.qkv_bias}, n_kv_head={c.n_kv_head} of n_head={c.n_head}, "
+        f"dropout={c.dropout}: GPT-2 is ('learned', 'layer', 'gelu') with biases and "
+        f"multi-head attention; the Llama family ('rope', 'rms', 'swiglu') without dropout"
+    )
+
+
+# ---- reading a directory ---------------------------------------------------------------------
+def resolve_source(source: str | os.PathLike) -> Path:
+    """A local model directory, or a hub name (``gpt2``, ``Qwen/Qwen2-0.5B``) downloaded
+    into the Hugging Face cache by ``huggingface_hub``; the directory either way."""
+    path = Path(source)
+    if path.is_dir():
+        return path
+    name = os.fspath(source)
+    looks_local = path.is_absolute() or name.startswith(".") or name.count("/") > 1
+    if looks_local or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name):
+        raise PretrainedError(f"{name}: no such directory (and not a Hugging Face hub name)")
+    how = (
+        f"download {', '.join(HUB_FILES)} (those that exist) from "
+        f"https://huggingface.co/{name}/tree/main into one directory and pass its path"
+    )
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise PretrainedError(
+            f"{name!r} is not a directory, and downloading it from the Hugging Face hub needs "
+            f"huggingface_hub: pip install -e '.[hub]'; or {how}"
+        ) from None
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_FILES))
+    except Exception as e:  # offline, no such repository, a gated model: all say the same
+        raise PretrainedError(
+            f"could not download {name!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
+            f"On a machine with network access, {how}"
+        ) from e
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    path = directory / CONFIG
+    if not path.is_file():
+        raise PretrainedError(f"{directory}: no {CONFIG}; is this a Hugging Face model directory?")
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PretrainedError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise PretrainedError(f"{path}: not a JSON object")
+    return hf
+
+
+def weight_files(directory: Path) -> dict[str, list[str]]:
+    """Each weight file -> the tensor names the index assigns it (None: all it holds).
+
+    A sharded model lists its shards in ``model.safetensors.index.json``; every shard it
+    names must exist.
+    """
+    index = directory / INDEX
+    if (directory / WEIGHTS).is_file():
+        return {WEIGHTS: None}
+    if not index.is_file():
+        raise PretrainedError(f"{directory}: neither {WEIGHTS} nor {INDEX}")
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise PretrainedError(f"{index}: not a safetensors index with a weight_map ({e})") from None
+    shards: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        shards.setdefault(shard, []).append(name)
+    missing = sorted(s for s in shards if not (directory / s).is_file())
+    if missing:
+        raise PretrainedError(
+            f"{index} lists the shards {missing}, missing from {directory}: download them too"
+        )
+    return shards
+
+
+def load_weights(model: Decoder, directory: Path, family: str) -> None:
+    """Copy the directory's weights into ``model`` (on the CPU), one tensor at a time.
+
+    Every name and shape is checked before anything is copied: a missing tensor, one the
+    model has no place for, or a shape that does not match config.json raises
+    PretrainedError and leaves the model as it was.
+    """
+    params = dict(model.named_parameters())  # the tied lm_head appears once, as tok_emb
+    mapping = name_map(list(params), family, model.config.n_layer)
+    files, opened = {}, []  # their name -> the open file holding it; every open file
+    for shard, listed in weight_files(directory).items():
+        f = open_safetensors(directory / shard)
+        opened.append(f)
+        absent = sorted(set(listed or ()) - set(f))
+        if absent:
+            raise PretrainedError(f"{directory / INDEX} puts {absent} in {shard}, which lacks them")
+        files.update(dict.fromkeys(f, f))
+    prefix = (
+        GPT2_PREFIX if family == "gpt2" and any(n.startswith(GPT2_PREFIX) for n in files) else ""
+    )
+    wanted = {prefix + theirs for theirs, _ in mapping.values() if theirs != "lm_head.weight"}
+    wanted |= {"lm_head.weight"} & {theirs for theirs, _ in mapping.values()}
+    missing = sorted(wanted - set(files))
+    # a tied model's lm_head.weight, when a checkpoint carries it, is tok_emb's again
+    unexpected = sorted(
+        n for n in set(files) - wanted
+        if not BUFFER_NAMES.search(n) and not (n == "lm_head.weight" and model.config.tie_weights)
+    )  # fmt: skip
+    if missing or unexpected:
+        raise PretrainedError(
+            f"{directory}: the weights do not match config.json: missing {missing}, "
+            f"unexpected {unexpected}"
+        )
+    for ours, (theirs, layout) in mapping.items():
+        if theirs != "lm_head.weight":
+            theirs = prefix + theirs
+        # subtle: a zero-strided stand-in gives to_ours' shape without reading the tensor
+        shape = to_ours(np.broadcast_to(np.empty(()), files[theirs].shape(theirs)), layout).shape
+        if shape != params[ours].shape:
+            raise PretrainedError(
+                f"{theirs} has shape {files[theirs].shape(theirs)}, which gives {ours} the shape "
+                f"{shape}, but config.json makes it {params[ours].shape}: the weights belong "
+                f"to another config"
+            )
+        mapping[ours] = (theirs, layout)
+    for ours, (theirs, layout) in mapping.items():
+        params[ours].data[...] = to_ours(files[theirs][theirs], layout)  # casts to float32
+    for f in opened:
+        f.close()
+
+
+def from_pretrained(source: str | os.PathLike, device: str = "cpu") -> Decoder:
+    """A ``Decoder`` with the weights of a Hugging Face model directory (or hub name),
+    in float32 and eval mode on ``device``."""
+    directory = resolve_source(source)
+    config, family = config_from_hf(read_config(directory))
+    model = Decoder(config)
+    load_weights(model, directory, family)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def load_pretrained(source: str | os.PathLike, device: str = "cpu") -> tuple[Decoder, Any]:
+    """The model and its tokenizer, as decoder.generate and decoder.finetune use them."""
+    from decoder.hf_tokenizer import load_hf_tokenizer
+    from decoder.tokenizer import TiktokenTokenizer
+
+    directory = resolve_source(source)
+    model = from_pretrained(directory, device)
+    if model.config.pos == "learned":  # GPT-2's byte-level BPE is tiktoken's gpt2 encoding
+        tokenizer = TiktokenTokenizer("gpt2")
+    else:
+        tokenizer = load_hf_tokenizer(directory / TOKENIZER_JSON)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise PretrainedError(
+            f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"vocab_size={model.config.vocab_size}: they do not belong together"
+        )
+    return model, tokenizer
+
+
+# ---- writing ---------------------------------------------------------------------------------
+def save_pretrained(model: Decoder, directory: str | os.PathLike) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (float32) so that ``transformers``
+    loads the model; refuse (PretrainedError) a model the format cannot express."""
+    hf, family = config_to_hf(model.config)
+    params = dict(model.named_parameters())
+    mapping = name_map(list(params), family, model.config.n_layer)
+    prefix = GPT2_PREFIX if family == "gpt2" else ""
+    pieces: dict[str, list] = {}  # their name -> the parts of it, in order
+    for ours, (theirs, layout) in mapping.items():
+        array = to_numpy(params[ours].data).astype(np.float32)
+        name = theirs if theirs == "lm_head.weight" else prefix + theirs
+        if layout == CONV1D or (isinstance(layout, tuple) and array.ndim == 2):
+            array = array.T  # our (out, in) -> Conv1D's (in, out)
+        pieces.setdefault(name, []).append((layout[0] if isinstance(layout, tuple) else 0, array))
+    arrays = {
+        name: np.concatenate([a for _, a in sorted(parts, key=lambda p: p[0])], axis=-1)
+        for name, parts in pieces.items()
+    }  # GPT-2's c_attn: q, k, v side by side along the outputs
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_safetensors(directory / WEIGHTS, arrays, {"format": "pt"})  # transformers wants "pt"
+    with atomic_write(directory / CONFIG, text=True) as f:
+        json.dump({**hf, "dtype": "float32"}, f, indent=2)
+    return directory

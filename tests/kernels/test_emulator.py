@@ -62,8 +62,14 @@ extern "C" __global__ void past_the_end(float* y) {
 """
 
 
+# Every lane takes the value of lane ^ lane_mask, in segments of `width` lanes.
+SHUFFLE_XOR = r"""
+extern "C" __global__ void shuffle_xor(float* y, int lane_mask, int width) {
+    y[threadIdx.x] = __shfl_xor_sync(0xffffffffu, y[threadIdx.x], lane_mask, width);
+}
+"""
 # One source for the tests below, so the suite builds it once.
-KERNELS = REVERSE + SKIPS_BARRIER
+KERNELS = REVERSE + SKIPS_BARRIER + SHUFFLE_XOR
 
 
 def reverse_pairs_expected(x: np.ndarray, block: int) -> np.ndarray:
@@ -123,6 +129,18 @@ def test_refuses_a_barrier_that_some_threads_never_reach():
         emulator.EmulatorError, match="__syncthreads on line 16: some threads wait there"
     ):
         kernel((1,), (64,), (y, np.int32(40)), shared_mem=256)
+
+
+def test_shuffle_exchanges_among_the_lanes_it_names():
+    kernel = emulator.RawKernel(KERNELS, "shuffle_xor")
+    y = np.arange(64, dtype=np.float32)
+    kernel((1,), (64,), (y, np.int32(5), np.int32(32)))
+    np.testing.assert_array_equal(y, np.arange(64) ^ 5)
+    with pytest.raises(emulator.EmulatorError, match="with width 16: the emulator supports"):
+        kernel((1,), (32,), (y, np.int32(1), np.int32(16)))
+    # 40 threads: the second warp has lanes 0..7 only, so lane 0 ^ 8 does not exist.
+    with pytest.raises(emulator.EmulatorError, match="reads lane 8, but this warp has only 8"):
+        kernel((1,), (40,), (y, np.int32(8), np.int32(32)))
 
 
 def test_refuses_arguments_of_the_wrong_type():

@@ -18,9 +18,9 @@
 //
 // Leaves out on purpose: speed (this checks the algorithm, not the timing), static __shared__
 // arrays (the Python builder refuses them: only `extern __shared__` is emulated), atomics,
-// warp votes, partial shuffle masks, cooperative groups, streams. Blocks run one after
-// another (a legal schedule: CUDA promises no order between blocks), which is also why one
-// buffer serves as every block's shared memory.
+// warp votes, partial shuffle masks and widths below 32 (refused), cooperative groups,
+// streams. Blocks run one after another (a legal schedule: CUDA promises no order between
+// blocks), which is also why one buffer serves as every block's shared memory.
 //
 // Follows the CUDA C++ Programming Guide: "Built-in Variables", "Synchronization Functions"
 // and "Warp Shuffle Functions".
@@ -41,6 +41,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <type_traits>
@@ -237,6 +238,36 @@ T shuffle(unsigned mask, T value, int src_lane, int line) {
     return out;
 }
 
+// The life of one emulated thread: set the built-in variables, run the kernel, leave the
+// barriers; on an Error, record it (the block's first wins) and wake the rest of the block.
+inline void run_thread(Block& state, const std::function<void()>& body, int tid, dim3 grid,
+                       dim3 block, uint3 block_index) {
+    threadIdx = uint3(tid % block.x, tid / block.x % block.y, tid / (block.x * block.y));
+    blockIdx = block_index;
+    blockDim = block;
+    gridDim = grid;
+    current_block = &state;
+    current_parity = 0;
+    std::string error;
+    try {
+        body();
+        state.barrier.leave("__syncthreads");
+        state.warps[tid / kWarp]->barrier.leave("shuffle");
+        return;
+    } catch (const Error& e) {
+        error = e.what();
+    } catch (const Abort&) {
+        return;
+    } catch (const std::exception& e) {
+        error = std::string("the kernel threw: ") + e.what();
+    }
+    {
+        std::lock_guard lock(state.error_mutex);
+        if (state.error.empty()) state.error = error;
+    }
+    state.abort();
+}
+
 // Run block `block_index` of the grid: one std::thread per CUDA thread. Returns the first
 // Error any of them met, or an empty string.
 inline std::string run_block(const std::function<void()>& body, dim3 grid, dim3 block,
@@ -245,35 +276,21 @@ inline std::string run_block(const std::function<void()>& body, dim3 grid, dim3 
     Block state(n);
     std::vector<std::thread> threads;
     threads.reserve(n);
+    auto join_all = [&] {
+        for (auto& thread : threads) thread.join();
+    };
     for (int tid = 0; tid < n; ++tid) {
-        threads.emplace_back([&, tid] {
-            threadIdx = uint3(tid % block.x, tid / block.x % block.y, tid / (block.x * block.y));
-            blockIdx = block_index;
-            blockDim = block;
-            gridDim = grid;
-            current_block = &state;
-            current_parity = 0;
-            std::string error;
-            try {
-                body();
-                state.barrier.leave("__syncthreads");
-                state.warps[tid / kWarp]->barrier.leave("shuffle");
-                return;
-            } catch (const Error& e) {
-                error = e.what();
-            } catch (const Abort&) {
-                return;
-            } catch (const std::exception& e) {
-                error = std::string("the kernel threw: ") + e.what();
-            }
-            {
-                std::lock_guard lock(state.error_mutex);
-                if (state.error.empty()) state.error = error;
-            }
-            state.abort();
-        });
+        try {
+            threads.emplace_back(run_thread, std::ref(state), std::cref(body), tid, grid, block,
+                                 block_index);
+        } catch (const std::system_error& e) {  // the OS refused another thread
+            state.abort();                        // the started ones wait for it: release them
+            join_all();
+            throw Error("could not start thread " + std::to_string(tid) + " of the block (" +
+                        e.what() + "): raise the process's thread limit (ulimit -u)");
+        }
     }
-    for (auto& thread : threads) thread.join();
+    join_all();
     return state.error;
 }
 
@@ -359,14 +376,28 @@ int launch(void (*kernel)(Args...), const char* name, const unsigned* grid3,
     }
 }
 
+// Shuffles with a width below 32 split the warp into segments; the emulator does not.
+inline void check_width(int width, int line) {
+    if (width != kWarp)
+        throw Error("shuffle on line " + std::to_string(line) + " with width " +
+                    std::to_string(width) + ": the emulator supports the full warp (32) only");
+}
+
 }  // namespace emu
 
 // __LINE__ names the call site in errors and tells apart barriers that threads reach apart.
 #define __syncthreads() ::emu::syncthreads(__LINE__)
-#define __shfl_sync(mask, v, src, ...) ::emu::shuffle((mask), (v), (src) & 31, __LINE__)
-#define __shfl_xor_sync(mask, v, lane_mask, ...) \
-    ::emu::shuffle((mask), (v), ::emu::linear_thread() % 32 ^ (lane_mask), __LINE__)
+// The optional width argument must be 32 (checked): 32 __VA_OPT__(* 0 + (width)) is the
+// width when one is given, else 32.
+#define EMU_WIDTH(...) ::emu::check_width(32 __VA_OPT__(*0 + (__VA_ARGS__)), __LINE__)
+#define __shfl_sync(mask, v, src, ...) \
+    (EMU_WIDTH(__VA_ARGS__), ::emu::shuffle((mask), (v), (src) & 31, __LINE__))
+#define __shfl_xor_sync(mask, v, lane_mask, ...)           \
+    (EMU_WIDTH(__VA_ARGS__),                               \
+     ::emu::shuffle((mask), (v), ::emu::linear_thread() % 32 ^ (lane_mask), __LINE__))
 #define __shfl_down_sync(mask, v, delta, ...) \
-    ::emu::shuffle((mask), (v), ::emu::linear_thread() % 32 + (delta), __LINE__)
+    (EMU_WIDTH(__VA_ARGS__),                  \
+     ::emu::shuffle((mask), (v), ::emu::linear_thread() % 32 + (delta), __LINE__))
 #define __shfl_up_sync(mask, v, delta, ...) \
-    ::emu::shuffle((mask), (v), ::emu::linear_thread() % 32 - (int)(delta), __LINE__)
+    (EMU_WIDTH(__VA_ARGS__),                \
+     ::emu::shuffle((mask), (v), ::emu::linear_thread() % 32 - (int)(delta), __LINE__))

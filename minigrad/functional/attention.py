@@ -16,17 +16,21 @@ two implementations of the same function:
 
 Conventions shared with the kernels: grouped-query attention (query head h reads kv head
 h // (nh // n_kv)); the causal mask is aligned to the end, as with a KV cache (query i sees
-keys j <= S - T + i); ALiBi adds -slopes[h] * |(S - T + i) - j| to the scaled scores.
+keys j <= S - T + i); a sliding ``window`` W (Mistral) also hides the keys j <= S - T + i - W,
+so each query sees its last W positions, itself included; ALiBi adds -slopes[h] *
+|(S - T + i) - j| to the scaled scores.
 
 Left out on purpose: padding masks and arbitrary attn_mask tensors, a custom scale, gradients
 for the ALiBi slopes (constants), and dropout inside the flash path.
 Follows Vaswani et al. (2017) for the math, Ainslie et al. (2023) for GQA, Press et al.
-(2022) for ALiBi and Dao (2023), FlashAttention-2, for the tiled path.
+(2022) for ALiBi, Jiang et al. (2023), Mistral 7B, for the sliding window and Dao (2023),
+FlashAttention-2, for the tiled path.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -65,6 +69,7 @@ def scaled_dot_product_attention(
     rng: np.random.Generator | None = None,
     impl: str = "auto",
     *,
+    window: int | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
 ) -> Tensor:
@@ -72,6 +77,8 @@ def scaled_dot_product_attention(
 
     ``alibi_slopes`` (nh,) adds ALiBi's linear distance penalty; ``dropout_p`` drops
     attention weights when ``training`` (naive path only; ``rng`` draws the mask).
+    ``window`` W (causal only) lets each query see its last W positions, itself included;
+    the flash path then skips the tiles wholly outside the band: O(T * W) work.
     ``block_q`` and ``block_k`` set the tile sizes of the NumPy flash path (None: the twin's
     defaults); the CUDA kernel has fixed tiles.
 
@@ -80,11 +87,11 @@ def scaled_dot_product_attention(
     >>> scaled_dot_product_attention(q, k, v).shape  # two query heads share one kv head
     (1, 2, 3, 4)
     """
-    _check_inputs(q, k, v, causal, dropout_p, impl)
+    _check_inputs(q, k, v, causal, dropout_p, impl, window)
     slopes = _as_slopes(alibi_slopes, q)
-    impl = choose_impl(q, k, impl, dropout_p=dropout_p, training=training)
+    impl = choose_impl(q, k, impl, dropout_p=dropout_p, training=training, window=window)
     if impl == "naive":
-        return naive_attention(q, k, v, causal, slopes, dropout_p, training, rng)
+        return naive_attention(q, k, v, causal, slopes, dropout_p, training, rng, window)
     if training and dropout_p > 0:
         raise ValueError(
             f"impl='flash' has no attention dropout, but dropout_p={dropout_p} while training: "
@@ -96,15 +103,23 @@ def scaled_dot_product_attention(
             f"S={k.shape[2]}: use impl='naive' for S < T"
         )
     blocks = {name: b for name, b in (("block_q", block_q), ("block_k", block_k)) if b}
-    return FlashAttention.apply(q, k, v, causal=causal, alibi_slopes=slopes, **blocks)
+    return FlashAttention.apply(
+        q, k, v, causal=causal, alibi_slopes=slopes, window=window, **blocks
+    )
 
 
 def choose_impl(
-    q: Tensor, k: Tensor, impl: str = "auto", dropout_p: float = 0.0, training: bool = False
+    q: Tensor,
+    k: Tensor,
+    impl: str = "auto",
+    dropout_p: float = 0.0,
+    training: bool = False,
+    window: int | None = None,
 ) -> str:
     """Resolve ``impl="auto"`` to "naive" or "flash" (any other impl is returned as is).
 
-    On CuPy: the CUDA kernel wherever it applies (float32, 16 <= hs <= 128), else naive.
+    On CuPy: the CUDA kernel wherever it applies (float32, 16 <= hs <= 128, no ``window``
+    yet), else naive.
     On NumPy: flash from ``FLASH_MIN_T`` queries on (see the benchmark note above).
     Both: naive when attention dropout is active, which only the naive path implements.
 
@@ -119,7 +134,7 @@ def choose_impl(
     if training and dropout_p > 0:
         return "naive"
     if xp_of(q.data) is not np:
-        return "flash" if kernel_supports(q, k) else "naive"
+        return "flash" if kernel_supports(q, k) and window is None else "naive"
     T, S = q.shape[2], k.shape[2]
     # subtle: S < T (possible without the causal mask) is outside the tiled code's contract
     return "flash" if FLASH_MIN_T <= T <= S else "naive"
@@ -144,6 +159,7 @@ def naive_attention(
     dropout_p: float = 0.0,
     training: bool = False,
     rng: np.random.Generator | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """The reference: attention from Tensor ops, differentiated by autograd.
 
@@ -172,8 +188,12 @@ def naive_attention(
         scores = scores + bias  # a constant: broadcast over the batch
     if causal:
         # -inf, not a large negative number: exp gives exactly 0, so a masked key gets
-        # exactly zero weight and zero gradient. No row is fully masked since S >= T.
-        scores = scores.masked_fill(j > i_abs, -math.inf)  # (T, S) mask broadcast
+        # exactly zero weight and zero gradient. No row is fully masked since S >= T, and a
+        # window always leaves the query's own position.
+        hidden = j > i_abs  # (T, S)
+        if window is not None:
+            hidden = hidden | (j <= i_abs - window)  # the band: i - W < j <= i
+        scores = scores.masked_fill(hidden, -math.inf)  # (T, S) mask broadcast
     att = softmax(scores, axis=-1)  # (B, n_kv, g, T, S), rows sum to 1
     if training and dropout_p > 0:
         att = dropout(att, dropout_p, training=True, rng=rng)
@@ -211,8 +231,14 @@ class FlashAttention(Function):
         alibi_slopes: Any = None,
         block_q: int | None = None,
         block_k: int | None = None,
+        window: int | None = None,
     ) -> Any:
         use_kernel = xp_of(q) is not np and kernel_supports(q, k)
+        if use_kernel and window is not None:
+            raise ValueError(
+                f"attention: window={window} is not yet in the CUDA kernel: use impl='naive' "
+                f"(or 'auto', which picks it for windowed attention on the GPU)"
+            )
         ctx.scale = score_scale(q.shape[-1])
         blocks = {name: b for name, b in (("block_q", block_q), ("block_k", block_k)) if b}
         if use_kernel:
@@ -220,9 +246,12 @@ class FlashAttention(Function):
 
             o, lse = flash_attention_forward_cuda(q, k, v, causal, alibi_slopes, ctx.scale)
         else:
-            o, lse = flash_attention_forward(q, k, v, causal, alibi_slopes, ctx.scale, **blocks)
+            o, lse = flash_attention_forward(
+                q, k, v, causal, alibi_slopes, ctx.scale, window=window, **blocks
+            )
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.alibi_slopes, ctx.blocks = causal, alibi_slopes, blocks
+        ctx.window = window
         ctx.backend = "cuda" if use_kernel else "twin"
         return o
 
@@ -236,7 +265,17 @@ class FlashAttention(Function):
                 q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, ctx.scale
             )
         return flash_attention_backward(
-            q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, ctx.scale, **ctx.blocks
+            q,
+            k,
+            v,
+            o,
+            lse,
+            grad_out,
+            ctx.causal,
+            ctx.alibi_slopes,
+            ctx.scale,
+            window=ctx.window,
+            **ctx.blocks,
         )
 
 
@@ -249,10 +288,18 @@ def score_scale(hs: int) -> float:
     return 1.0 / math.sqrt(hs) if hs else 1.0
 
 
-def _check_inputs(q: Any, k: Any, v: Any, causal: bool, dropout_p: float, impl: str) -> None:
+def _check_inputs(
+    q: Any, k: Any, v: Any, causal: bool, dropout_p: float, impl: str, window: int | None = None
+) -> None:
     """Raise a ValueError (or TypeError) naming the first problem with the arguments."""
     if impl not in IMPLS:
         raise ValueError(f"unknown attention impl {impl!r}: use one of {IMPLS}")
+    check_window(window)
+    if window is not None and not causal:
+        raise ValueError(
+            f"attention: window={window} is a causal band (each query sees its last W "
+            f"positions): use it with causal=True"
+        )
     check_floating("attention", q=q, k=k, v=v)
     check_same_dtype("attention", q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -280,6 +327,22 @@ def _check_inputs(q: Any, k: Any, v: Any, causal: bool, dropout_p: float, impl: 
             f"T={T} queries and S={S} keys; the queries are the last T positions of the keys"
         )
     check_p(dropout_p, "attention", "dropout_p")
+
+
+def check_window(window: Any) -> None:
+    """Raise a ValueError unless ``window`` is None (full attention) or a whole number >= 1.
+
+    >>> check_window(0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: attention: window must be None (full attention) or a whole number >= 1 ...
+    """
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ValueError(
+            f"attention: window must be None (full attention) or a whole number >= 1 (the "
+            f"positions each query sees, itself included), got {window!r}"
+        )
 
 
 def _as_slopes(alibi_slopes: Any, q: Tensor) -> Any:

@@ -495,7 +495,7 @@ def from_pretrained(source: str | os.PathLike, device: str = "cpu") -> Decoder:
 
 def load_pretrained(source: str | os.PathLike, device: str = "cpu") -> tuple[Decoder, Any]:
     """The model and its tokenizer, as decoder.generate and decoder.finetune use them."""
-    from decoder.hf_tokenizer import load_hf_tokenizer
+    from decoder.hf_tokenizer import HFTokenizer
     from decoder.tokenizer import TiktokenTokenizer
 
     directory = resolve_source(source)
@@ -503,7 +503,7 @@ def load_pretrained(source: str | os.PathLike, device: str = "cpu") -> tuple[Dec
     if model.config.pos == "learned":  # GPT-2's byte-level BPE is tiktoken's gpt2 encoding
         tokenizer = TiktokenTokenizer("gpt2")
     else:
-        tokenizer = load_hf_tokenizer(directory / TOKENIZER_JSON)
+        tokenizer = HFTokenizer(directory / TOKENIZER_JSON)
     if tokenizer.vocab_size > model.config.vocab_size:
         raise PretrainedError(
             f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "

@@ -1,17 +1,22 @@
-"""Train our Decoder and its PyTorch twin (bench/torch_reference.py) on the same data with the
-same recipe, each in its own process, and compare their validation losses and throughput.
+"""Train our Decoder and nanoGPT's model in PyTorch (bench/torch_reference.py) on the same data
+with the same recipe, each in its own process, and compare losses, speed and peak memory.
 
     python bench/train_vs_torch.py                                   # shakespeare-char, 2000 steps
-    python bench/train_vs_torch.py --iters 500                       # shorter
+    python bench/train_vs_torch.py --iters 200                       # shorter
     python bench/train_vs_torch.py --preset shakespeare-char-modern  # RoPE, RMSNorm, SwiGLU, GQA
     python bench/train_vs_torch.py --device cuda                     # baby-gpt on the GPU
     python bench/train_vs_torch.py --seeds 1337,1,2,3,4              # five seeds, and medians
 
-Both sides start from the same weights (our model's initialisation, copied into the twin),
-sample the very same batches (decoder.data with the same seeds), follow the same learning
-rate schedule and score the same evaluation batches. So their losses should agree closely
-at first and differ only by float rounding growing through training; tokens/s counts the
-training steps alone (evaluation excluded) on both sides.
+The reference is nanoGPT's model.py and train.py as a user runs them on the CPU (fused qkv,
+SDPA, its AdamW set-up, torch's default threads), so its speed is nanoGPT's own. Both sides
+start from the same weights (our model's initialisation, copied into the reference), sample
+the very same batches (decoder.data with the same seeds), follow the same learning rate
+schedule and score the same evaluation batches. So their losses agree closely at first, which
+checks the whole engine end to end; where our preset's math departs from nanoGPT's recipe
+(say a tanh GELU against nanoGPT's exact one) the output lists it, and the losses drift apart
+by that difference as well as by float rounding. tokens/s counts the training steps alone
+(evaluation excluded) on both sides; peak memory is each process's own peak resident set
+(ru_maxrss), so the reference's includes what importing torch maps in.
 
 A single run's validation loss depends on its seed: for `shakespeare-char` at 2000 steps,
 seeds spread it over about 0.05, much more than the engines differ. ``--seeds`` trains both
@@ -25,8 +30,10 @@ side import torch while ours never does.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -35,15 +42,49 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from decoder.config import build_configs  # noqa: E402
+from decoder.config import ModelConfig, TrainConfig, build_configs  # noqa: E402
 from decoder.data import TokenDataset, load_shakespeare, load_text  # noqa: E402
 from decoder.tokenizer import CharTokenizer  # noqa: E402
 
 TARGET_VAL_LOSS = 1.89  # shakespeare-char, 2000 steps: nanoGPT's code measured 1.886
-TARGET_RATIO = 0.5  # our tokens/s over PyTorch's, on the CPU
+TARGET_RATIO = 0.9  # our tokens/s over the reference's, on the CPU (issue 15)
+FIRST_STEPS = 5  # the losses of the first steps must agree to about 1e-6
+
+# nanoGPT's CPU Shakespeare recipe: its README's command line over config/train_shakespeare_char.py
+# and train.py's defaults, in our field names (what our classic preset is meant to be).
+NANOGPT_CPU = {
+    "block_size": 64,
+    "n_layer": 4,
+    "n_head": 4,
+    "n_kv_head": 4,
+    "n_embd": 128,
+    "ffn": "gelu",
+    "ffn_hidden": 512,
+    "norm": "layer",
+    "norm_eps": 1e-5,
+    "norm_position": "pre",
+    "parallel_block": False,
+    "pos": "learned",
+    "dropout": 0.0,
+    "bias": False,
+    "tie_weights": True,
+    "batch_size": 12,
+    "max_iters": 2000,
+    "lr": 1e-3,
+    "min_lr": 1e-4,
+    "warmup_iters": 100,
+    "lr_decay_iters": 2000,
+    "beta1": 0.9,
+    "beta2": 0.99,
+    "weight_decay": 0.1,
+    "grad_clip": 1.0,
+    "eval_interval": 250,
+    "eval_iters": 20,
+}
+NANOGPT_GELU = "none"  # nn.GELU(): the exact erf form
 
 
-def configs(args: argparse.Namespace):
+def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     warmup = build_configs(args.preset)[1].warmup_iters
     extra = {
         "max_iters": args.iters,
@@ -57,24 +98,48 @@ def configs(args: argparse.Namespace):
     return build_configs(args.preset, **extra)
 
 
+def our_gelu(model_cfg: ModelConfig) -> str | None:
+    """The ``approximate`` of our model's GELU for this config (None: no GELU, e.g. SwiGLU)."""
+    from decoder.model import Decoder
+
+    act = getattr(Decoder(model_cfg).blocks[0].ffn, "act", None)
+    return getattr(act, "approximate", None)
+
+
+def recipe_differences(preset: str) -> list[str]:
+    """Where the preset's own settings (before this run's --iters) differ from nanoGPT's CPU
+    recipe, one line each; empty when they are the same."""
+    model_cfg, train_cfg = build_configs(preset)
+    ours = {**dataclasses.asdict(model_cfg), **dataclasses.asdict(train_cfg)}
+    lines = [
+        f"{name}: ours {ours[name]!r}, nanoGPT {value!r}"
+        for name, value in NANOGPT_CPU.items()
+        if ours[name] != value
+    ]
+    gelu = our_gelu(model_cfg)
+    if gelu is not None and gelu != NANOGPT_GELU:
+        lines.append(f"GELU: ours approximate={gelu!r}, nanoGPT nn.GELU() (exact, erf)")
+    return lines
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set so far, in MB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
+
+
 def run_side(args: argparse.Namespace) -> dict:
     """One side's training, in this process: the result as a dict."""
-    import dataclasses
-
-    from minigrad.backend import reuse_freed_memory
-
-    reuse_freed_memory()  # decoder.train does this; the torch side gets it too, to be fair
-
     text = load_text(args.data) if args.data else load_shakespeare()
     model_cfg, train_cfg = configs(args)
     tokenizer = CharTokenizer.from_text(text)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
+    keys = ("train_loss", "val_loss", "tokens_per_s", "time_s", "losses")
     if args.side == "ours":
-        from decoder.train import train
+        from decoder.train import train  # it calls reuse_freed_memory() itself
 
         with tempfile.TemporaryDirectory() as out:
             result = train(model_cfg, train_cfg, text, out, progress=not args.quiet)
-        return {k: result[k] for k in ("train_loss", "val_loss", "tokens_per_s", "losses")}
+        return {**{k: result[k] for k in keys}, "peak_rss_mb": peak_rss_mb()}
 
     from torch_reference import get_lr, train_reference  # beside this file
 
@@ -91,8 +156,14 @@ def run_side(args: argparse.Namespace) -> dict:
     mg.manual_seed(train_cfg.seed)  # our initial weights, as decoder.train makes them
     init_state = Decoder(model_cfg).state_dict()
     data = TokenDataset(tokenizer.encode(text))
-    result = train_reference(model_cfg, train_cfg, data, init_state, progress=not args.quiet)
-    return {k: result[k] for k in ("train_loss", "val_loss", "tokens_per_s", "losses")}
+    result = train_reference(
+        model_cfg, train_cfg, data, init_state, gelu=NANOGPT_GELU, progress=not args.quiet
+    )
+    return {
+        **{k: result[k] for k in keys},
+        "threads": result["threads"],
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def train_both(args: argparse.Namespace, seed: int) -> dict:
@@ -124,6 +195,64 @@ def train_both(args: argparse.Namespace, seed: int) -> dict:
     return results
 
 
+def report(args: argparse.Namespace, runs: dict[int, dict]) -> None:
+    """Print the losses and speeds, then time per step and memory, the loss agreement, the
+    recipe's differences from nanoGPT's and the targets."""
+    sides = (("minigrad", "ours"), ("pytorch", "torch"))  # bench/gpu_check.py reads these rows
+    print(f"\n{args.preset}, {args.iters} steps, {args.device}")
+    print(f"{'seed':>6}  {'':10}{'train loss':>12}{'val loss':>12}{'tokens/s':>12}")
+    for seed, results in runs.items():
+        for name, side in sides:
+            r = results[side]
+            print(
+                f"{seed:>6}  {name:10}{r['train_loss']:12.4f}{r['val_loss']:12.4f}"
+                f"{r['tokens_per_s']:12,.0f}"
+            )
+    val = {side: median([r[side]["val_loss"] for r in runs.values()]) for _, side in sides}
+    speed = {side: median([r[side]["tokens_per_s"] for r in runs.values()]) for _, side in sides}
+    if len(runs) > 1:
+        print(f"{'median':>6}  {'minigrad':10}{'':12}{val['ours']:12.4f}{speed['ours']:12,.0f}")
+        print(f"{'':>6}  {'pytorch':10}{'':12}{val['torch']:12.4f}{speed['torch']:12,.0f}")
+    ratio = speed["ours"] / speed["torch"]
+    print(f"throughput ratio minigrad / pytorch: {ratio:.2f}")
+
+    print(f"\n{'seed':>6}  {'':10}{'ms/step':>12}{'peak RSS MB':>14}")
+    for seed, results in runs.items():
+        for name, side in sides:
+            r = results[side]
+            ms = 1e3 * r["time_s"] / len(r["losses"])
+            print(f"{seed:>6}  {name:10}{ms:12.1f}{r['peak_rss_mb']:14.0f}")
+    threads = {r["torch"]["threads"] for r in runs.values()}
+    print(f"the reference ran on {', '.join(map(str, sorted(threads)))} torch thread(s)")
+
+    gaps = []
+    for results in runs.values():
+        ours, ref = results["ours"]["losses"], results["torch"]["losses"]
+        n = min(FIRST_STEPS, len(ours))
+        gaps.append(max(abs(a - b) for a, b in zip(ours[:n], ref[:n], strict=True)))
+    print(f"largest loss difference over the first {n} steps: {max(gaps):.2e}")
+
+    differences = recipe_differences(args.preset)
+    if args.preset == "shakespeare-char" and differences:
+        print("our preset differs from nanoGPT's recipe (the reference follows nanoGPT):")
+        print("".join(f"  {line}\n" for line in differences), end="")
+    elif args.preset != "shakespeare-char":
+        print(f"{args.preset} has no nanoGPT counterpart: the reference writes its choices")
+        print("  the way nanoGPT writes the rest (fused projections, SDPA, its AdamW set-up)")
+    if args.iters != NANOGPT_CPU["max_iters"]:
+        print(f"this run: {args.iters} steps (nanoGPT's recipe: {NANOGPT_CPU['max_iters']})")
+
+    if args.device == "cpu":
+        verdicts = [
+            f"throughput ratio >= {TARGET_RATIO}: {'met' if ratio >= TARGET_RATIO else 'missed'}"
+        ]
+        if (args.preset, args.iters) == ("shakespeare-char", 2000):
+            which = "median val loss" if len(runs) > 1 else "val loss"
+            met = val["ours"] <= TARGET_VAL_LOSS
+            verdicts.append(f"{which} <= {TARGET_VAL_LOSS}: {'met' if met else 'missed'}")
+        print("targets: " + "; ".join(verdicts))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -153,42 +282,7 @@ def main() -> int:
     except ValueError:
         p.error(f"--seeds takes comma-separated integers such as 1337,1,2, got {args.seeds!r}")
 
-    runs = {seed: train_both(args, seed) for seed in seeds}
-
-    print(f"\n{args.preset}, {args.iters} steps, {args.device}")
-    header = f"{'seed':>6}  {'':10}{'train loss':>12}{'val loss':>12}{'tokens/s':>12}"
-    print(header)
-    for seed, results in runs.items():
-        for name, side in (("minigrad", "ours"), ("pytorch", "torch")):
-            r = results[side]
-            print(
-                f"{seed:>6}  {name:10}{r['train_loss']:12.4f}{r['val_loss']:12.4f}"
-                f"{r['tokens_per_s']:12,.0f}"
-            )
-    val = {side: median([r[side]["val_loss"] for r in runs.values()]) for side in ("ours", "torch")}
-    speed = {
-        side: median([r[side]["tokens_per_s"] for r in runs.values()]) for side in ("ours", "torch")
-    }
-    if len(seeds) > 1:
-        print(f"{'median':>6}  {'minigrad':10}{'':12}{val['ours']:12.4f}{speed['ours']:12,.0f}")
-        print(f"{'':>6}  {'pytorch':10}{'':12}{val['torch']:12.4f}{speed['torch']:12,.0f}")
-    print(f"throughput ratio minigrad / pytorch: {speed['ours'] / speed['torch']:.2f}")
-    gaps = []
-    for results in runs.values():
-        ours, ref = results["ours"]["losses"], results["torch"]["losses"]
-        n = min(5, len(ours))
-        gaps.append(max(abs(a - b) for a, b in zip(ours[:n], ref[:n], strict=True)))
-    print(f"largest loss difference over the first {n} steps: {max(gaps):.2e}")
-    if args.device == "cpu":
-        ratio = speed["ours"] / speed["torch"]
-        verdicts = [
-            f"throughput ratio >= {TARGET_RATIO}: {'met' if ratio >= TARGET_RATIO else 'missed'}"
-        ]
-        if (args.preset, args.iters) == ("shakespeare-char", 2000):
-            which = "median val loss" if len(seeds) > 1 else "val loss"
-            met = val["ours"] <= TARGET_VAL_LOSS
-            verdicts.append(f"{which} <= {TARGET_VAL_LOSS}: {'met' if met else 'missed'}")
-        print("targets: " + "; ".join(verdicts))
+    report(args, {seed: train_both(args, seed) for seed in seeds})
     return 0
 
 

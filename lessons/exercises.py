@@ -62,6 +62,25 @@ def check(lesson: str, name: str, answer: Any) -> None:
     print(f"{name}: correct.")
 
 
+def or_solution(lesson: str, name: str, answer: Callable[..., Any]) -> Callable[..., Any]:
+    """``answer`` for a later cell that builds on it: each call that stops on ``NotAttempted``
+    (the stub, or an exercise it calls, is untouched) is answered by the solution instead.
+
+    >>> def stub(*args):
+    ...     todo()
+    >>> or_solution("lesson09", "warmup_cosine", stub)(0, 1.0, 0.1, 4, 8)
+    0.2
+    """
+
+    def answer_or_solution(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return answer(*args, **kwargs)
+        except NotAttempted:
+            return solution(lesson, name)(*args, **kwargs)
+
+    return answer_or_solution
+
+
 @contextlib.contextmanager
 def forbidden(answer: Any, owner: Any, attribute: str, why: str) -> Iterator[None]:
     """Within the block, calling ``owner.attribute`` fails the check with ``why``.

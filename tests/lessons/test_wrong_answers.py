@@ -16,7 +16,7 @@ from pathlib import Path
 import checks
 import numpy as np
 import pytest
-from exercises import NotAttempted, check, exercise_test, solution, todo
+from exercises import NotAttempted, check, exercise_test, or_solution, solution, todo
 from solutions import (
     lesson01,
     lesson05,
@@ -25,15 +25,18 @@ from solutions import (
     lesson10,
     lesson11,
     lesson13,
+    lesson14,
 )
 
 import minigrad as mg
+from decoder.config import TrainConfig
 from decoder.positional import RoPE
+from decoder.step import train_step
 from decoder.tokenizer import BPETokenizer, merge_pair, split_text
 from minigrad import autograd
 from minigrad import functional as F
 from minigrad.backend import xp_of
-from minigrad.optim import clip_grad_norm_, cosine_lr
+from minigrad.optim import clip_grad_norm_, cosine_lr, set_lr
 
 
 # ---- lesson 1 ------------------------------------------------------------------------------
@@ -394,6 +397,56 @@ def update_ratios_not_logged(before, after):
     return {n: 10**r for n, r in lesson13.update_ratios(before, after).items()}
 
 
+# ---- lesson 14 -----------------------------------------------------------------------------
+def block_post_norm(block, x):
+    x = block.norm1(x + block.attn(x))
+    return block.norm2(x + block.ffn(x))
+
+
+def block_without_residual(block, x):
+    return block.ffn(block.norm2(block.attn(block.norm1(x))))
+
+
+def block_library(block, x):
+    return block(x)
+
+
+def decoder_without_positions(model, ids):
+    x = model.tok_emb(ids)
+    for block in model.blocks:
+        x = lesson14.block_forward(block, x)
+    return model.lm_head(model.norm_f(x))
+
+
+def decoder_library(model, ids):
+    return model(ids)[0]
+
+
+def train_step_without_zero_grad(model, optimizer, x, y, grad_clip):
+    logits = lesson14.decoder_forward(model, x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss.backward()  # onto the previous step's gradients
+    clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item()
+
+
+def train_step_library(model, optimizer, x, y, grad_clip):
+    return train_step(model, optimizer, x, y, TrainConfig(grad_clip=grad_clip), 1)
+
+
+def train_loop_without_schedule(model, optimizer, get_batch, steps, lr_at, grad_clip=1.0):
+    return [lesson14.train_step(model, optimizer, *get_batch(), grad_clip) for _ in range(steps)]
+
+
+def train_loop_rate_after_step(model, optimizer, get_batch, steps, lr_at, grad_clip=1.0):
+    losses = []
+    for s in range(steps):
+        losses.append(lesson14.train_step(model, optimizer, *get_batch(), grad_clip))
+        set_lr(optimizer, lr_at(s))  # one step late: step 0 runs at the optimiser's own rate
+    return losses
+
+
 WRONG = [
     ("lesson01", "topological_sort", topological_sort_recursive),
     ("lesson01", "topological_sort", topological_sort_children_first),
@@ -446,6 +499,15 @@ WRONG = [
     ("lesson13", "grad_rms", grad_rms_as_std),
     ("lesson13", "update_ratios", update_ratios_by_std),
     ("lesson13", "update_ratios", update_ratios_not_logged),
+    ("lesson14", "block_forward", block_post_norm),
+    ("lesson14", "block_forward", block_without_residual),
+    ("lesson14", "block_forward", block_library),
+    ("lesson14", "decoder_forward", decoder_without_positions),
+    ("lesson14", "decoder_forward", decoder_library),
+    ("lesson14", "train_step", train_step_without_zero_grad),
+    ("lesson14", "train_step", train_step_library),
+    ("lesson14", "train_loop", train_loop_without_schedule),
+    ("lesson14", "train_loop", train_loop_rate_after_step),
 ]
 
 CHECKS = sorted(p.stem for p in (Path(checks.__file__).parent).glob("lesson*.py"))
@@ -504,3 +566,14 @@ def test_a_bug_raising_not_implemented_error_reaches_the_learner():
 
     with pytest.raises(NotImplementedError):
         check("lesson01", "sin", SinMisspelt.apply)
+
+
+def test_or_solution_answers_for_a_stub_and_lets_a_written_answer_through():
+    def stub(*args):
+        todo()
+
+    def written(*args):
+        return "mine"
+
+    assert or_solution("lesson09", "warmup_cosine", stub)(0, 1.0, 0.1, 4, 8) == 0.2
+    assert or_solution("lesson09", "warmup_cosine", written)(0, 1.0, 0.1, 4, 8) == "mine"

@@ -229,6 +229,11 @@ INDEX_CASES = [
         [n(3, 4)],
         id="take(-1,tensor)",
     ),
+    # an index smaller than x on the other axis: gather reads the leading rows (PyTorch's rule)
+    pytest.param(lambda x: x.gather(1, INDEX_35[:2, :3]), [n(3, 4)], id="gather(1,smaller)"),
+    pytest.param(
+        lambda x: mg.take_along_axis(x, INDEX_35[:1], axis=1), [n(3, 4)], id="take(broadcast)"
+    ),
 ]
 
 WHERE_CASES = [

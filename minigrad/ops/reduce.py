@@ -86,8 +86,8 @@ class Mean(Function):
 class Var(Function):
     """z = sum_i (x_i - m)^2 / (n - correction), m the mean;  dz/dx_i = 2 (x_i - m) / (n - c).
 
-    (The mean's own gradient drops out: sum_i (x_i - m) = 0.) A divisor below 1 is taken as
-    0, as in PyTorch: 0/0 gives NaN, never a negative variance.
+    (The mean's own gradient drops out: sum_i (x_i - m) = 0.) A negative divisor (n below
+    the correction) is taken as 0, as in PyTorch: the result is NaN or inf, never negative.
     """
 
     @staticmethod

@@ -25,7 +25,9 @@ from minigrad.creation import (
 from minigrad.gradcheck import GradcheckError, gradcheck
 from minigrad.tensor import (
     Tensor,
+    combine,
     concatenate,
+    dispatch,
     matmul,
     maximum,
     split,
@@ -44,10 +46,12 @@ __all__ = [
     "GradcheckError",
     "Tensor",
     "arange",
+    "combine",
     "concatenate",
     "cuda_available",
     "default_rng",
     "detect_anomaly",
+    "dispatch",
     "float32",
     "float64",
     "full",

@@ -51,6 +51,7 @@ from minigrad.ops.index import GetItem, TakeAlongAxis
 from minigrad.ops.matmul import MatMul
 from minigrad.ops.movement import Concatenate, Expand, Reshape, Transpose
 from minigrad.ops.reduce import Max, Mean, Sum, Var, normalize_axes
+from minigrad.ops.routing import Combine, Dispatch, topk_indices
 
 _NUMBERS = (int, float, bool)  # Python numbers stay numbers inside constants (see Tensor._lift)
 
@@ -479,6 +480,23 @@ class Tensor:
             x = x[tuple(slice(None) if d == axis else slice(n) for d, n in enumerate(idx.shape))]
         return take_along_axis(x, idx, axis).reshape(index.shape)
 
+    def topk(self, k: int, axis: int = -1) -> tuple[Tensor, Tensor]:
+        """torch.topk: the ``k`` largest values along ``axis``, largest first, and their int64
+        indices (no gradient). Ties go to the lower index; NaN counts as the largest. The
+        values' gradient goes back to the chosen places (the choice itself is held fixed).
+        """
+        x = self.reshape(1) if self.ndim == 0 else self
+        (axis,) = normalize_axes(axis, x.ndim)
+        n = x.shape[axis]
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
+            raise ValueError(f"topk: k={k!r} must be an integer in [0, {n}], axis {axis}'s size")
+        xp = xp_of(x.data)
+        index = xp.moveaxis(topk_indices(xp.moveaxis(x.data, axis, -1), k), -1, axis)
+        values = take_along_axis(x, index, axis)
+        if self.ndim == 0:
+            return values.reshape(()), Tensor(index.reshape(()))
+        return values, Tensor(index)
+
     def split(self, sections, axis: int = 0) -> list[Tensor]:
         return split(self, sections, axis)
 
@@ -599,6 +617,18 @@ def take_along_axis(x: Tensor, indices, axis: int) -> Tensor:
         raise ValueError("take_along_axis: x is 0-d; it needs an axis (Tensor.gather takes 0-d)")
     (axis,) = normalize_axes(axis, x.ndim)
     return TakeAlongAxis.apply(x, indices, axis=axis)
+
+
+def dispatch(x: Tensor, rows) -> Tensor:
+    """x's rows (first axis) in the order ``rows`` names them, repeats allowed:
+    (n, ...) -> (len(rows), ...). A mixture of experts sends tokens to their experts so."""
+    return Dispatch.apply(x, _integer_tensor(rows, "dispatch"))
+
+
+def combine(y: Tensor, rows, n: int) -> Tensor:
+    """dispatch's adjoint: (len(rows), ...) -> (n, ...), row j the sum of the rows i of ``y``
+    with rows[i] == j (zeros where none). A mixture of experts adds its outputs back so."""
+    return Combine.apply(y, _integer_tensor(rows, "combine"), n=n)
 
 
 def _integer_tensor(index, op: str) -> Tensor:

@@ -71,6 +71,11 @@ def _gather_index(shape: tuple[int, ...]) -> np.ndarray:
     return (np.arange(math.prod(lead) * width) * 3 % max(n, 1)).reshape(*lead, width)
 
 
+def _k(shape: tuple[int, ...]) -> int:
+    """A top-k size for ``shape``: two along the last axis where it has two (1 for 0-d)."""
+    return min(2, shape[-1]) if shape else 1
+
+
 def _split_sizes(x) -> list[int]:
     n = x.shape[-1]
     return [n // 2, n - n // 2]
@@ -211,6 +216,42 @@ OPS = [
         lambda x: torch.take_along_dim(x, torch.from_numpy(_gather_index(tuple(x.shape))), -1),
         SHAPED,
         ("mg.take_along_axis",),
+    ),
+    # ties go to the lower index, torch leaves their order open: with ties, all k, summed
+    Op(
+        "topk",
+        lambda x: x.topk(_k(x.shape))[0],
+        lambda x: torch.topk(x, _k(tuple(x.shape))).values,
+        ("zero_d", "empty", "nonfinite"),
+        ("topk",),
+    ),
+    Op(
+        "topk_ties",
+        lambda x: x.topk(x.shape[-1])[0].sum(-1),
+        lambda x: torch.topk(x, x.shape[-1]).values.sum(-1),
+        ("ties",),
+    ),
+    Op(
+        "topk_indices",
+        lambda x: x.topk(_k(x.shape), axis=0)[1],
+        lambda x: torch.topk(x, _k(tuple(x.shape)), 0).indices,
+        ("zero_d", "empty", "nonfinite"),
+    ),
+    Op(
+        "dispatch",
+        lambda x: mg.dispatch(x, [0, 0, len(x) - 1]),
+        lambda x: x[[0, 0, len(x) - 1]],
+        SHAPED,
+        ("mg.dispatch",),
+    ),
+    Op(
+        "combine",
+        lambda x: mg.combine(x, np.full(len(x), len(x) - 1), len(x) + 1),
+        lambda x: torch.zeros(len(x) + 1, *x.shape[1:], dtype=x.dtype).index_add(
+            0, torch.tensor([len(x) - 1] * len(x), dtype=torch.long), x
+        ),
+        SHAPED,
+        ("mg.combine",),
     ),
     Op(
         "split",

@@ -4,6 +4,8 @@
         --lora-r 8 --lora-alpha 16 --targets wq,wv --max-iters 200 --out runs/my-lora
     python -m decoder.finetune merge --adapters runs/my-lora --out runs/my-merged
     python -m decoder.generate --checkpoint runs/my-merged
+    python -m decoder.finetune --from-pretrained gpt2 --data my.txt --out runs/gpt2-lora --merge
+    python -m decoder.generate --from-pretrained runs/gpt2-lora/merged
 
 Fine-tuning freezes the base model, wraps the target projections in LoRA adapters
 (minigrad.nn.lora) and trains only those, with the base run's batch size and context. It
@@ -11,7 +13,8 @@ prints the validation loss on the new text before (the base model: LoRA's B star
 zero) and after, and saves only the adapters: ``adapters.safetensors`` and ``lora.json``
 (the LoRA settings, the losses, and the path of the base checkpoint), a few kilobytes
 where the base is megabytes. ``--merge`` (or the ``merge`` command) folds the adapters into
-the base weights and writes a full checkpoint that decoder.generate reads like any other.
+the base weights and writes a full checkpoint that decoder.generate reads like any other;
+for a Hugging Face base (``--from-pretrained``), a Hugging Face directory, to share.
 
 The new text must be written in the base tokenizer's vocabulary: a character-level model
 cannot read characters it has never seen (the error lists them). Each step is
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -47,6 +51,14 @@ from decoder.checkpoint import (
 )
 from decoder.config import TrainConfig
 from decoder.data import TokenDataset, load_text
+from decoder.pretrained import (
+    CONFIG,
+    HF_FILES,
+    TOKENIZER_JSON,
+    load_pretrained,
+    resolve_source,
+    save_pretrained,
+)
 from decoder.rundir import claim_dir
 from decoder.step import TrainingDiverged, estimate_loss, train_step
 from minigrad.backend import DEVICES, reuse_freed_memory
@@ -91,8 +103,12 @@ def finetune(
     progress: bool = True,
     data_path: str | None = None,
     overwrite: bool = False,
+    pretrained: bool = False,
 ) -> dict[str, Any]:
     """Train LoRA adapters on ``text`` and save them (only them) into ``out_dir``.
+
+    ``checkpoint`` is one of our checkpoints, or with ``pretrained`` a Hugging Face model
+    directory or hub name (decoder/pretrained.py), trained with TrainConfig's batch settings.
 
     ``out_dir`` is held as decoder.rundir describes: a directory holding a previous
     fine-tune's adapters is refused unless ``overwrite``. Returns ``{"val_loss_before",
@@ -103,7 +119,7 @@ def finetune(
     say = print if progress else (lambda *a, **k: None)
     claim = claim_dir(out_dir, (ADAPTERS, SETTINGS, MERGED), SETTINGS, overwrite=overwrite)
     with claim as out_dir:
-        model, tokenizer, base = load_model(checkpoint, device=device)
+        model, tokenizer, base_cfg, base = _load_base(checkpoint, device, pretrained)
         data = TokenDataset(_encode(tokenizer, text, data_path or "the fine-tune text"))
         mg.manual_seed(seed)  # the adapters' A init and their dropout generators
         wrapped = apply_lora(
@@ -124,7 +140,7 @@ def finetune(
         )
 
         # the base run's batch size, evaluation batches and clipping, with this seed
-        cfg = dataclasses.replace(base.train_config, seed=seed, device=device)
+        cfg = dataclasses.replace(base_cfg, seed=seed, device=device)
         T = model.config.block_size
         before = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
         say(f"val loss on the new text before fine-tuning: {before:.4f}")
@@ -143,8 +159,7 @@ def finetune(
             "targets": list(targets),
             "per_head": per_head,
             "dropout": dropout,
-            "base_checkpoint": str(base.path.resolve()),
-            "base_step": base.step,
+            **base,
             "data": data_path,
             "max_iters": max_iters,
             "lr": lr,
@@ -162,6 +177,20 @@ def finetune(
         "wrapped": wrapped,
         "out_dir": str(out_dir),
     }
+
+
+def _load_base(
+    source: str | Path, device: str, pretrained: bool
+) -> tuple[Any, Any, TrainConfig, dict[str, Any]]:
+    """The base model, its tokenizer, its training settings, and where it came from (for
+    lora.json): one of our checkpoints, or a Hugging Face model."""
+    if pretrained:
+        model, tokenizer = load_pretrained(source, device=device)
+        where = str(resolve_source(source).resolve())  # a hub name: its cache directory
+        return model, tokenizer, TrainConfig(), {"base_pretrained": where}
+    model, tokenizer, ckpt = load_model(source, device=device)
+    where = {"base_checkpoint": str(ckpt.path.resolve()), "base_step": ckpt.step}
+    return model, tokenizer, ckpt.train_config, where
 
 
 def train_adapters(
@@ -191,7 +220,9 @@ def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, An
         settings = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-    model, tokenizer, _ = load_model(settings["base_checkpoint"], device="cpu")
+    pretrained = "base_pretrained" in settings
+    base = settings["base_pretrained" if pretrained else "base_checkpoint"]
+    model, tokenizer, _, _ = _load_base(base, "cpu", pretrained)
     apply_lora(
         model,
         tuple(settings["targets"]),
@@ -212,13 +243,20 @@ def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, An
 
 
 def merge(adapters_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
-    """Fold saved adapters into their base and write a full checkpoint (no optimiser state).
+    """Fold saved adapters into their base and write a full checkpoint (no optimiser state),
+    or for a Hugging Face base, a Hugging Face directory (with the base's tokenizer.json).
 
     ``out_dir`` is held as decoder.rundir describes: one holding a checkpoint is refused
     unless ``overwrite``.
     """
     model, tokenizer, settings = load_adapted(adapters_dir)
     merge_lora(model)
+    if "base_pretrained" in settings:
+        base_dir = Path(settings["base_pretrained"])
+        with claim_dir(out_dir, HF_FILES, CONFIG, overwrite=overwrite) as out_dir:
+            if (base_dir / TOKENIZER_JSON).is_file():
+                shutil.copyfile(base_dir / TOKENIZER_JSON, out_dir / TOKENIZER_JSON)
+            return save_pretrained(model, out_dir)
     base = load_checkpoint(settings["base_checkpoint"], with_optimizer=False)
     with claim_dir(out_dir, CHECKPOINT_FILES, LATEST, overwrite=overwrite) as out_dir:
         return save_checkpoint(
@@ -252,7 +290,13 @@ def main(argv: list[str] | None = None) -> int:
             prog="python -m decoder.finetune",
             description="LoRA fine-tuning of a checkpoint on new text (see also: merge).",
         )
-        p.add_argument("--checkpoint", required=True, help="the base run (or checkpoint) dir")
+        source = p.add_mutually_exclusive_group(required=True)
+        source.add_argument("--checkpoint", help="the base run (or checkpoint) dir")
+        source.add_argument(
+            "--from-pretrained",
+            metavar="PATH",
+            help="a Hugging Face model directory or hub name as the base (see decoder.generate)",
+        )
         p.add_argument("--data", required=True, help="a UTF-8 text file to fine-tune on")
         p.add_argument("--out", required=True, help="where to save the adapters")
         p.add_argument("--lora-r", type=int, default=8, help="the adapters' rank")
@@ -270,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
         args = p.parse_args(argv)
         finetune(
-            args.checkpoint,
+            args.from_pretrained or args.checkpoint,
             load_text(args.data),
             args.out,
             r=args.lora_r,
@@ -284,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             data_path=str(Path(args.data).resolve()),
             overwrite=args.overwrite,
+            pretrained=args.from_pretrained is not None,
         )
         if args.merge:  # subtle: the fine-tune removed an old OUT/merged if it overwrote
             path = merge(args.out, Path(args.out) / MERGED)

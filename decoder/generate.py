@@ -2,6 +2,10 @@
 
     python -m decoder.generate --checkpoint runs/shakespeare-char --prompt "ROMEO:" \\
         --max-new-tokens 500 --temperature 0.8 --top-k 40 --top-p 0.95 --seed 1
+    python -m decoder.generate --from-pretrained gpt2 --prompt "Hello, I'm a language model,"
+
+``--from-pretrained`` reads a Hugging Face model directory or hub name instead
+(decoder/pretrained.py).
 
 The model's ``generate`` yields one token id at a time; ``stream_decode`` turns those into
 text pieces without ever printing half of a multi-byte character (a byte-level BPE token
@@ -111,14 +115,21 @@ def print_sample(
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the process exit code."""
     from decoder.checkpoint import CheckpointError, load_model
+    from decoder.pretrained import load_pretrained
 
     p = argparse.ArgumentParser(
         prog="python -m decoder.generate", description="Sample text from a trained checkpoint."
     )
-    p.add_argument(
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--checkpoint",
-        required=True,
         help="a run directory (--out of training) or one of its ckpt-* directories",
+    )
+    source.add_argument(
+        "--from-pretrained",
+        metavar="PATH",
+        help="a Hugging Face model directory (GPT-2, Llama, Mistral, Qwen2) or a hub name "
+        "such as gpt2 (downloaded with pip install -e '.[hub]')",
     )
     p.add_argument("--prompt", default="\n", help="the text to continue (default: a newline)")
     p.add_argument("--max-new-tokens", type=int, default=500)
@@ -135,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", choices=DEVICES)
     args = p.parse_args(argv)
     try:
-        model, tokenizer, _ = load_model(args.checkpoint, device=args.device)
+        if args.from_pretrained:
+            model, tokenizer = load_pretrained(args.from_pretrained, device=args.device)
+        else:
+            model, tokenizer, _ = load_model(args.checkpoint, device=args.device)
         print_sample(
             model,
             tokenizer,

@@ -32,6 +32,7 @@ Follows the layouts of Hugging Face transformers' ``modeling_gpt2.py`` and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -49,6 +50,7 @@ from minigrad.serialization import open_safetensors, save_safetensors
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 TOKENIZER_JSON = "tokenizer.json"
+HF_FILES = (CONFIG, WEIGHTS, TOKENIZER_JSON)  # what save_pretrained (and a merge) writes
 HUB_FILES = [CONFIG, WEIGHTS, INDEX, "model-*.safetensors", TOKENIZER_JSON]
 # architecture -> (family, model_type) for the ones we load and save
 ARCHITECTURES = {
@@ -306,8 +308,23 @@ def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
 def config_to_hf(config: ModelConfig) -> tuple[dict[str, Any], str]:
     """The ``config.json`` of a model the format can express: (fields, family).
 
-    Raises PretrainedError naming the first setting no supported architecture has.
+    Raises PretrainedError naming the settings no supported architecture has: the fields
+    must come back unchanged through ``config_from_hf`` (the attention kernel aside).
     """
+    hf, family = _config_to_hf(config)
+    back = dataclasses.asdict(config_from_hf(hf)[0])
+    lost = {
+        k: v for k, v in dataclasses.asdict(config).items() if k != "attn_impl" and back[k] != v
+    }
+    if lost:
+        raise PretrainedError(
+            f"{hf['architectures'][0]}'s config.json cannot express {lost}; "
+            f"a model saved without them would compute something else"
+        )
+    return hf, family
+
+
+def _config_to_hf(config: ModelConfig) -> tuple[dict[str, Any], str]:
     c = config
     shared = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_weights}
     if c.norm_position != "pre" or c.parallel_block:

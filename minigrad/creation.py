@@ -53,6 +53,8 @@ def tensor(
 
 
 def full(*shape, fill_value: float, dtype=DEFAULT_FLOAT, requires_grad=False, device="cpu"):
+    if np.dtype(dtype).kind in "biu" and not np.isfinite(fill_value):  # NumPy casts to garbage
+        raise ValueError(f"full: fill_value {fill_value} has no {np.dtype(dtype)} value")
     data = get_xp(device).full(_shape(shape), fill_value, dtype=dtype)
     return Tensor(data, requires_grad=requires_grad)
 

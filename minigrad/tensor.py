@@ -192,6 +192,7 @@ class Tensor:
         dtype = np.dtype(dtype)
         if dtype == self.dtype:
             return self
+        _check_numeric(dtype)
         if dtype.kind != "f":  # as in PyTorch, only floating tensors carry gradients
             return Tensor._from_op(self.data.astype(dtype), False)
         return Cast.apply(self, dtype=dtype)
@@ -324,6 +325,8 @@ class Tensor:
     def clip(self, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002
         if min is None and max is None:
             raise ValueError("clip: give at least one of min and max")
+        if isinstance(min, Tensor) or isinstance(max, Tensor):
+            raise TypeError("clip: min and max are numbers; for a tensor bound use mg.maximum")
         return Clip.apply(self, lo=min, hi=max)
 
     def maximum(self, other) -> Tensor:
@@ -359,7 +362,7 @@ class Tensor:
         return Max.apply(self, axis=axis, keepdims=keepdims)
 
     def min(self, axis=None, keepdims: bool = False) -> Tensor:
-        return -((-self).max(axis=axis, keepdims=keepdims))
+        return Max.apply(self, axis=axis, keepdims=keepdims, lowest=True)
 
     def var(self, axis=None, keepdims: bool = False, correction: int = 0) -> Tensor:
         """Mean squared deviation, divided by n - correction.
@@ -371,6 +374,8 @@ class Tensor:
 
     def argmax(self, axis=None) -> Tensor:
         """Indices of the maxima (an integer tensor, outside the graph); the first of ties."""
+        if axis is not None and not isinstance(axis, (int, np.integer)):
+            raise TypeError(f"argmax: axis must be an int or None, got {axis!r}")
         axes = normalize_axes(axis, self.ndim)
         if any(self.shape[a] == 0 for a in axes):
             raise ValueError(f"argmax over an empty axis of a tensor of shape {self.shape}")

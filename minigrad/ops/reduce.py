@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
 
@@ -29,7 +31,11 @@ def normalize_axes(axis: int | tuple[int, ...] | None, ndim: int) -> tuple[int, 
     """
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else axis
+    if not isinstance(axes, (tuple, list)) or not all(
+        isinstance(a, (int, np.integer)) for a in axes
+    ):
+        raise TypeError(f"axis must be an int or a tuple of ints, got {axis!r}")
     n = max(ndim, 1)
     for a in axes:
         if not -n <= a < n:
@@ -108,21 +114,23 @@ class Var(Function):
 
 
 class Max(Function):
-    """z = max_i x_i;  dz/dx_i = [x_i == z] / (number of ties).
+    """z = max_i x_i (min_i with ``lowest``);  dz/dx_i = [x_i == z] / (number of ties).
 
     With no ties the whole gradient goes to the arg-max; ties share it evenly (torch.amax's
-    rule). A NaN is the maximum of its slice and takes the gradient (torch.max's rule).
+    rule). A NaN is the maximum (and the minimum) of its slice and takes the gradient
+    (torch.max's rule). One op for both: min as -max(-x) would wrap unsigned integers.
     """
 
     @staticmethod
-    def forward(ctx, x, axis=None, keepdims=False):
+    def forward(ctx, x, axis=None, keepdims=False, lowest=False):
         axes = normalize_axes(axis, x.ndim)
         if any(x.shape[a] == 0 for a in axes):
+            name = "min" if lowest else "max"
             raise ValueError(
-                f"max over an empty axis of a tensor of shape {x.shape}: it has no maximum "
+                f"{name} over an empty axis of a tensor of shape {x.shape}: it has no {name}imum "
                 f"(reduce along a non-empty axis, or check the size first)"
             )
-        z = x.max(axis=axes, keepdims=True)
+        z = (x.min if lowest else x.max)(axis=axes, keepdims=True)
         ctx.save_for_backward((x == z) | xp_of(x).isnan(x))
         ctx.axes, ctx.keepdims = axes, keepdims
         return z if keepdims else z.reshape([n for i, n in enumerate(x.shape) if i not in axes])

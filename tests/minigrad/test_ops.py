@@ -627,3 +627,25 @@ def test_out_of_range_axes_and_sizes_are_refused_not_wrapped():
         x.split([3, -1], axis=1)
     with pytest.raises(ValueError, match=r"axis \(1, -1\) names an axis twice"):
         x.sum(axis=(1, -1))
+
+
+def test_min_of_unsigned_integers_and_bools():
+    # regression: min was -max(-x), which wraps unsigned integers (min of [0, 5] gave 5)
+    assert mg.tensor(np.array([0, 5], dtype=np.uint8)).min().item() == 0
+    assert mg.tensor([True, False]).min().item() is False  # -bool raised NumPy's error
+    with pytest.raises(ValueError, match=r"min over an empty axis of a tensor of shape \(0,\)"):
+        mg.zeros(0).min()
+
+
+def test_argument_types_get_clear_errors():
+    x = mg.ones(2, 3)
+    with pytest.raises(TypeError, match=r"axis must be an int or a tuple of ints, got 1.5"):
+        x.sum(axis=1.5)
+    with pytest.raises(TypeError, match=r"argmax: axis must be an int or None, got \(0, 1\)"):
+        x.argmax(axis=(0, 1))
+    with pytest.raises(TypeError, match="clip: min and max are numbers"):
+        x.clip(min=mg.zeros(3))
+    with pytest.raises(TypeError, match="real numbers .* got dtype <U"):
+        x.astype(str)
+    with pytest.raises(ValueError, match="full: fill_value nan has no int64 value"):
+        mg.full(2, fill_value=float("nan"), dtype="int64")

@@ -5,8 +5,14 @@ optimiser's step on one batch; ``estimate_loss`` scores fixed batches of each sp
 mode. decoder.train (pre-training) and decoder.finetune (LoRA) both call them, and so should
 any later trainer, so that a step means the same thing, and fails the same way, everywhere.
 
+A step may accumulate: its batch is split into ``cfg.grad_accum_steps`` equal micro-batches,
+each loss scaled by 1/k before its backward pass, so the summed gradients are those of the
+whole batch's mean loss while only one micro-batch's activations are alive at a time. Under
+data parallelism (decoder.dist) the gradients are averaged over the ranks once, after the last
+micro-batch, and before clipping, so every rank clips and steps on the same numbers.
+
 Left out on purpose: choosing the batch and the learning rate (each trainer has its own
-generator and schedule: minigrad.optim.set_lr), gradient accumulation, mixed precision.
+generator and schedule: minigrad.optim.set_lr), mixed precision.
 Follows the body of nanoGPT's training loop and its ``estimate_loss``.
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +29,9 @@ from decoder.config import TrainConfig
 from decoder.data import TokenDataset
 from decoder.model import Decoder
 from minigrad.optim import Optimizer, clip_grad_norm_
+
+if TYPE_CHECKING:  # decoder.dist imports mpi4py only when a run asks for it
+    from decoder.dist import DataParallel
 
 SPLITS = ("train", "val")
 
@@ -37,27 +47,49 @@ def train_step(
     y: np.ndarray,
     cfg: TrainConfig,
     step: int,
+    dist: DataParallel | None = None,
 ) -> float:
     """One optimiser step on the batch ``x`` (B, T) with next tokens ``y`` (B, T); the loss.
 
-    From ``cfg`` it takes ``grad_clip`` (> 0: scale the trainable parameters' gradients to
-    that global norm at most); the batch goes to the model's device. ``step`` (1-based) only
-    names the step in the error: a NaN or infinite loss raises TrainingDiverged before the
-    backward pass, so the weights stay as they were.
+    From ``cfg`` it takes ``grad_accum_steps`` (k: the batch is run as k micro-batches of
+    B / k rows; the loss returned is their mean) and ``grad_clip`` (> 0: scale the trainable
+    parameters' gradients to that global norm at most); the batch goes to the model's device.
+    With ``dist`` (one rank of a data-parallel run) the gradients and the loss are averaged
+    over the ranks before clipping, and ``dist`` takes the optimiser's step (sharded under
+    ZeRO-1). ``step`` (1-based) only names the step in the error: a NaN or infinite loss
+    raises TrainingDiverged before the optimiser's step, so the weights stay as they were.
     """
-    _, loss = model(x, y)  # host arrays: the model checks them there and moves them
-    loss_value = loss.item()
-    if not math.isfinite(loss_value):
-        raise TrainingDiverged(
-            f"the loss is {loss_value} at step {step}: training stopped before that step "
-            f"changed the weights (try a lower --lr or a longer warmup)"
+    k = cfg.grad_accum_steps
+    if len(x) % k:
+        raise ValueError(
+            f"train_step: a batch of {len(x)} rows does not split into grad_accum_steps={k} "
+            f"equal micro-batches: draw a multiple of {k} rows"
         )
+    params = [p for p in model.parameters() if p.requires_grad]
     optimizer.zero_grad()
-    loss.backward()
+    loss_sum = 0.0
+    # (B, T) -> k x (B / k, T)
+    for x_micro, y_micro in zip(np.split(x, k), np.split(y, k), strict=True):
+        _, loss = model(x_micro, y_micro)  # host arrays: the model checks them and moves them
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            raise TrainingDiverged(
+                f"the loss is {loss_value} at step {step}: training stopped before that step "
+                f"changed the weights (try a lower --lr or a longer warmup)"
+            )
+        # subtle: 1/k on each equal micro-batch makes the summed gradient the whole batch's mean
+        (loss * (1.0 / k) if k > 1 else loss).backward()
+        loss_sum += loss_value
+    loss_value = loss_sum / k
+    if dist is not None:
+        loss_value = dist.average_gradients(params, loss_value)
     if cfg.grad_clip > 0:
         # subtle: in the model's order: the norm's float sum, and so the losses, depend on it
-        clip_grad_norm_([p for p in model.parameters() if p.requires_grad], cfg.grad_clip)
-    optimizer.step()
+        clip_grad_norm_(params, cfg.grad_clip)
+    if dist is not None:
+        dist.step(optimizer)
+    else:
+        optimizer.step()
     return loss_value
 
 

@@ -28,8 +28,16 @@ Ctrl-C finishes the current step, writes a checkpoint and exits with status 130;
 Ctrl-C stops at once. A loss that is NaN or infinite stops the run before the bad step
 touches the weights, naming the step; the last checkpoint stays as it was.
 
-Left out on purpose: gradient accumulation, mixed precision, several GPUs, and keeping the
-best checkpoint (the newest is kept). Follows nanoGPT's ``train.py``.
+Each step draws ``batch_size * grad_accum_steps`` windows per rank from the one batches
+generator, which every rank of a data-parallel run (``--ddp``, see decoder.dist) seeds alike;
+rank r trains on the r-th share, so N ranks take the steps one process takes with N times the
+rows, and a resume with another N continues the same stream of windows, grouped N'/N times as
+wide per step (the same run wherever N * grad_accum_steps stays the same). Rank 0 alone
+evaluates, logs, draws the bar and writes the checkpoints.
+
+Left out on purpose: mixed precision, several GPUs, dropout under --ddp (each rank would
+draw the same masks), and keeping the best checkpoint (the newest is kept). Follows
+nanoGPT's ``train.py``.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,6 +89,9 @@ from decoder.tokenizer import get_tokenizer
 from minigrad.backend import DEVICES, reuse_freed_memory
 from minigrad.fileio import atomic_write
 from minigrad.optim import AdamW, cosine_lr, param_groups_for_decay, set_lr
+
+if TYPE_CHECKING:  # decoder.dist imports mpi4py only when a run asks for it
+    from decoder.dist import DataParallel
 
 LOG, PLOT = "log.jsonl", "loss.png"
 RUN_FILES = (*CHECKPOINT_FILES, LOG, PLOT)  # what a run writes into its directory
@@ -265,6 +276,12 @@ class Run:
     elapsed: float = 0.0  # seconds of training steps, over every resume
     saved_step: int | None = None  # the step of the newest checkpoint on disk
     losses: dict[str, float] = field(default_factory=dict)  # the last evaluation's
+    dist: DataParallel | None = None  # this process's rank in a data-parallel run
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process evaluates, logs and writes (one process, or rank 0)."""
+        return self.dist is None or self.dist.is_main
 
     def kept(self) -> str:
         """What a run that stops now leaves behind, for error messages."""
@@ -281,9 +298,15 @@ def start_run(
     resume: bool,
     data_path: str | None,
     say: Any = print,
+    dist: DataParallel | None = None,
 ) -> Run:
     """Build the tokenizer, data, model and optimiser, from the checkpoint in ``out_dir``
     when resuming (after checking it belongs to this text and these settings)."""
+    if dist is not None and model_cfg.dropout > 0:
+        raise ValueError(
+            f"--ddp with dropout={model_cfg.dropout}: every rank would draw the same dropout "
+            f"masks; train data-parallel with --dropout=0"
+        )
     fingerprint = text_fingerprint(text)
     ckpt = load_checkpoint(out_dir) if resume else None
     tokenizer = build_tokenizer(ckpt) if ckpt else make_tokenizer(train_cfg, text)
@@ -317,6 +340,7 @@ def start_run(
         data=data,
         rngs={"batches": np.random.default_rng(train_cfg.seed), **generators(model)},
         extra={"data_sha256": fingerprint, "data_path": data_path},
+        dist=dist,
     )
     if ckpt is None:
         say(f"training {model.num_parameters():,} parameters; the run directory is {out_dir}")
@@ -333,7 +357,10 @@ def _restore(run: Run, ckpt: Checkpoint) -> None:
     """Put the checkpoint's weights, optimiser state, generators and step into ``run``."""
     check_weights(ckpt.weights, run.model.state_dict(), ckpt.path / WEIGHTS)
     run.model.load_state_dict(ckpt.weights)
-    run.optimizer.load_state_dict(ckpt.optimizer)
+    if run.dist is not None:  # under ZeRO-1 each rank keeps its slice of the state
+        run.dist.load_optimizer_state(run.optimizer, ckpt.optimizer)
+    else:
+        run.optimizer.load_state_dict(ckpt.optimizer)
     missing = sorted(set(run.rngs) - set(ckpt.rng))
     if missing:
         raise CheckpointError(f"{ckpt.path / STATE}: no state for the generators {missing}")
@@ -341,6 +368,8 @@ def _restore(run: Run, ckpt: Checkpoint) -> None:
         rng.bit_generator.state = ckpt.rng[name]  # subtle: in place: the model holds them
     run.step = run.saved_step = ckpt.step
     run.elapsed = ckpt.extra.get("elapsed_s", 0.0)
+    if not run.is_main:
+        return
     # keep the log rows up to the checkpoint (a run that died later may have written more)
     rows = [r for r in read_log(run.out_dir) if r["step"] <= run.step]
     with atomic_write(run.out_dir / LOG, text=True) as f:
@@ -350,26 +379,36 @@ def _restore(run: Run, ckpt: Checkpoint) -> None:
 
 
 def save(run: Run) -> None:
-    """Write a checkpoint of the run as it is now."""
-    save_checkpoint(
-        run.out_dir,
-        step=run.step,
-        model_state=run.model.state_dict(),
-        model_config=run.model_cfg,
-        train_config=run.train_cfg,
-        tokenizer=run.tokenizer.to_dict(),
-        optimizer_state=run.optimizer.state_dict(),
-        rng={name: rng.bit_generator.state for name, rng in run.rngs.items()},
-        extra={**run.extra, "elapsed_s": run.elapsed},
-    )
+    """Write a checkpoint of the run as it is now (under --ddp every rank calls it: ZeRO-1
+    gathers the optimiser's state; rank 0 writes)."""
+    if run.dist is not None:
+        optimizer_state = run.dist.optimizer_state(run.optimizer)
+    else:
+        optimizer_state = run.optimizer.state_dict()
+    if run.is_main:
+        save_checkpoint(
+            run.out_dir,
+            step=run.step,
+            model_state=run.model.state_dict(),
+            model_config=run.model_cfg,
+            train_config=run.train_cfg,
+            tokenizer=run.tokenizer.to_dict(),
+            optimizer_state=optimizer_state,
+            rng={name: rng.bit_generator.state for name, rng in run.rngs.items()},
+            extra={**run.extra, "elapsed_s": run.elapsed},
+        )
     run.saved_step = run.step
 
 
 def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:
-    """Score both splits, write a checkpoint, and only then log the row and redraw the plot."""
-    run.losses = estimate_loss(run.model, run.data, run.train_cfg, run.model_cfg.block_size)
+    """Score both splits, write a checkpoint, and only then log the row and redraw the plot
+    (under --ddp every rank calls it; rank 0 alone scores and logs)."""
+    if run.is_main:
+        run.losses = estimate_loss(run.model, run.data, run.train_cfg, run.model_cfg.block_size)
     if checkpoint:
         save(run)
+    if not run.is_main:
+        return
     row = {
         "step": run.step,
         "train_loss": run.losses["train"],
@@ -393,6 +432,7 @@ def train(
     until: int | None = None,
     data_path: str | None = None,
     overwrite: bool = False,
+    dist: DataParallel | None = None,
 ) -> dict[str, Any]:
     """Train a Decoder on ``text``, writing checkpoints, log and plot into ``out_dir``.
 
@@ -403,7 +443,8 @@ def train(
     before its first checkpoint. ``until`` stops after that many steps as if interrupted
     (checkpoint, then return): a run can be split in pieces. ``data_path`` is only recorded,
     so that ``--resume`` can find the text again. ``progress=False`` prints nothing (no bar,
-    no sample).
+    no sample). ``dist`` makes this process one rank of a data-parallel run (decoder.dist):
+    rank 0 alone claims ``out_dir`` and prints.
 
     Returns the last evaluation's losses, training throughput and per-step losses:
     ``{"step", "train_loss", "val_loss", "tokens_per_s", "time_s", "losses", "out_dir"}``.
@@ -411,10 +452,14 @@ def train(
     Ctrl-C, and RunDirError when ``out_dir`` is in use or holds a run it may not replace.
     """
     reuse_freed_memory()  # each step frees and reallocates the same arrays: keep the pages
+    progress = progress and (dist is None or dist.is_main)
     say = print if progress else (lambda *a, **k: None)
-    claim = claim_dir(out_dir, RUN_FILES, LATEST, resume=resume, overwrite=overwrite)
+    if dist is None or dist.is_main:
+        claim = claim_dir(out_dir, RUN_FILES, LATEST, resume=resume, overwrite=overwrite)
+    else:
+        claim = contextlib.nullcontext(Path(out_dir))
     with claim as out_dir:
-        run = start_run(model_cfg, train_cfg, text, out_dir, resume, data_path, say)
+        run = start_run(model_cfg, train_cfg, text, out_dir, resume, data_path, say, dist)
         show_sample = progress and train_cfg.sample_tokens > 0
         prompt = sample_prompt(run.tokenizer, train_cfg, run.data) if show_sample else ""
         losses, tokens_per_s = loop(run, until, progress)
@@ -452,7 +497,8 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
     """Train from ``run.step`` to ``max_iters`` (or ``until``), evaluating and saving on
     schedule; returns this call's per-step losses and its training tokens per second."""
     cfg = run.train_cfg
-    B, T = cfg.batch_size, run.model_cfg.block_size
+    T, ranks = run.model_cfg.block_size, run.dist.size if run.dist else 1
+    B = cfg.batch_size * cfg.grad_accum_steps  # this rank's rows per step
     losses: list[float] = []
     train_time, interval_time, interval_steps = 0.0, 0.0, 0  # for tokens/s
     if run.step == 0:
@@ -464,8 +510,11 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                 t0 = time.perf_counter()
                 lr = lr_at(run.step, cfg)
                 set_lr(run.optimizer, lr)
-                x, y = run.data.get_batch("train", B, T, run.rngs["batches"])
-                losses.append(train_step(run.model, run.optimizer, x, y, cfg, run.step + 1))
+                x, y = run.data.get_batch("train", B * ranks, T, run.rngs["batches"])
+                if run.dist is not None:  # (B * ranks, T) -> (B, T): this rank's share
+                    x, y = x[run.dist.rows(B)], y[run.dist.rows(B)]
+                loss = train_step(run.model, run.optimizer, x, y, cfg, run.step + 1, run.dist)
+                losses.append(loss)
                 run.step += 1
 
                 dt = time.perf_counter() - t0
@@ -473,7 +522,7 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                 train_time += dt
                 interval_time += dt
                 interval_steps += 1
-                tokens_per_s = B * T * interval_steps / interval_time
+                tokens_per_s = B * ranks * T * interval_steps / interval_time
                 if run.step % cfg.log_interval == 0:
                     bar.set_postfix(
                         loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_s:,.0f}", lr=f"{lr:.2e}"
@@ -483,10 +532,11 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                 if run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters:
                     evaluate(run, tokens_per_s)
                     interval_time, interval_steps = 0.0, 0
-                    bar.write(
-                        f"step {run.step}: train loss {run.losses['train']:.4f}, "
-                        f"val loss {run.losses['val']:.4f}"
-                    )
+                    if run.is_main:  # the other ranks do not evaluate
+                        bar.write(
+                            f"step {run.step}: train loss {run.losses['train']:.4f}, "
+                            f"val loss {run.losses['val']:.4f}"
+                        )
                 if interrupt.requested or run.step == until:
                     if run.saved_step != run.step:
                         save(run)
@@ -508,7 +558,7 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
             raise
         finally:
             bar.close()
-    return losses, B * T * len(losses) / train_time if train_time > 0 else 0.0
+    return losses, B * ranks * T * len(losses) / train_time if train_time > 0 else 0.0
 
 
 class _Interrupt:
@@ -641,10 +691,36 @@ def main(argv: list[str] | None = None) -> int:
         help="replace the run in --out (without it, a new run refuses a directory that holds one)",
     )
     p.add_argument("--device", default=None, choices=DEVICES, help="same as --device=")
+    p.add_argument(
+        "--ddp",
+        action="store_true",
+        help="one rank of a data-parallel run: launch with mpirun -n N (needs the dist extra)",
+    )
+    p.add_argument("--zero", action="store_true", help="with --ddp: shard AdamW's state (ZeRO-1)")
     args, rest = p.parse_known_args(argv)
     if args.list_presets:
         print(list_presets())
         return 0
+    if args.zero and not args.ddp:
+        p.error("--zero shards the optimiser over the ranks of a --ddp run: add --ddp")
+    if not args.ddp:
+        return _run(args, rest)
+    from decoder.dist import DataParallel
+
+    try:
+        dist = DataParallel.from_mpi(zero=args.zero)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with dist.abort_on_failure():
+        code = _run(args, rest, dist)
+    if code != 0:  # the other ranks would wait for this one for ever
+        dist.abort(code)
+    return code
+
+
+def _run(args: argparse.Namespace, rest: list[str], dist: DataParallel | None = None) -> int:
+    """Train as the parsed command line asks; returns the exit code."""
     try:
         overrides = parse_overrides(rest)
         if args.device is not None:
@@ -666,6 +742,7 @@ def main(argv: list[str] | None = None) -> int:
             resume=args.resume,
             data_path=data_path,
             overwrite=args.overwrite,
+            dist=dist,
         )
     except KeyboardInterrupt:
         return 130

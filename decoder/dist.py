@@ -1,0 +1,226 @@
+"""Data-parallel training over MPI: one averaged gradient per step, and ZeRO stage 1.
+
+    mpirun -n 2 python -m decoder.train --ddp --preset tiny          # each rank: 1 BLAS thread
+    mpirun -n 2 python -m decoder.train --ddp --zero --preset tiny   # AdamW's moments sharded
+
+Every rank holds the whole model, starts from the same seed (so the same weights), and runs
+``decoder.step.train_step`` on its own rows of each step's batch. After the last micro-batch's
+backward pass, ``average_gradients`` packs every gradient, a has-a-gradient flag per parameter
+and the loss into one flat buffer and sums it over the ranks with a single ``Allreduce``;
+divided by the number of ranks, that is the gradient of the mean loss over all the ranks' rows,
+so N ranks of b rows take the step one process takes with N * b rows. Clipping then runs on
+identical numbers everywhere, and every rank takes the same optimiser step.
+
+With ``zero=True`` (ZeRO stage 1, Rajbhandari et al. 2020) the optimiser's step is sharded:
+the parameters, flattened and padded to a multiple of N, are cut into N equal slices; each
+rank updates only its slice (so it keeps the moments of only its slice: a 1/N share of the
+optimiser's memory) and an ``Allgather`` hands every rank the others' slices. The update is
+elementwise, so the weights equal the unsharded run's. A checkpoint gathers the slices into
+the optimiser's ordinary state dict, so a run resumes with any number of ranks, sharded or not.
+
+mpi4py is imported only by ``DataParallel.from_mpi``: a run without ``--ddp`` never loads it.
+Gradients on a GPU travel through host memory (the MPI wheels are not CUDA-aware); NCCL
+(``cupy.cuda.nccl``) is left out, as are overlapping communication with the backward pass
+and ZeRO's later stages (sharded gradients and parameters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from minigrad.backend import to_numpy, xp_of
+from minigrad.optim import Optimizer
+from minigrad.tensor import Tensor
+
+INSTALL_HINT = "pip install -e '.[dist]' (or: make dist)"
+
+
+class DataParallel:
+    """This process's place in a data-parallel run over the MPI communicator ``comm``."""
+
+    def __init__(self, comm: Any, zero: bool = False):
+        from mpi4py import MPI  # a communicator exists, so mpi4py is importable
+
+        self.comm, self.mpi = comm, MPI
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.zero = zero
+        self.comm_time = 0.0  # seconds spent in Allreduce and Allgather, over the run
+        self._grads: np.ndarray | None = None  # gradients, flags and loss, reused each step
+        self._params: np.ndarray | None = None  # ZeRO-1: the flat, padded parameters
+
+    @classmethod
+    def from_mpi(cls, zero: bool = False) -> DataParallel:
+        """The world communicator's rank; a clear error where mpi4py is missing."""
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise RuntimeError(
+                f"--ddp needs mpi4py and an MPI library ({e}): {INSTALL_HINT}"
+            ) from None
+        return cls(MPI.COMM_WORLD, zero)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 evaluates, logs, draws the progress bar and writes the checkpoints."""
+        return self.rank == 0
+
+    def rows(self, n: int) -> slice:
+        """This rank's ``n`` rows of a batch of ``n * size`` rows drawn alike on every rank.
+
+        >>> class Two(DataParallel):
+        ...     def __init__(self): self.rank, self.size = 1, 2
+        >>> Two().rows(4)
+        slice(4, 8, None)
+        """
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+    # ---- the gradient ------------------------------------------------------------------------
+    def average_gradients(self, params: Sequence[Tensor], loss: float) -> float:
+        """Average every parameter's ``.grad`` and ``loss`` over the ranks, in one Allreduce;
+        returns the mean loss.
+
+        A parameter the loss did not reach on some rank counts as a zero gradient there; one
+        the loss reached on no rank keeps ``.grad = None`` (the optimiser skips it, as it
+        would in one process).
+        """
+        sizes = [p.data.size for p in params]
+        total = sum(sizes)
+        length = total + len(params) + 1  # (gradients | one flag per parameter | loss)
+        if self._grads is None or len(self._grads) != length:
+            self._grads = np.empty(length, dtype=params[0].dtype)
+        buf, offset = self._grads, 0
+        for i, (p, n) in enumerate(zip(params, sizes, strict=True)):
+            present = p.grad is not None
+            buf[offset : offset + n] = to_numpy(p.grad).ravel() if present else 0.0
+            buf[total + i] = present
+            offset += n
+        buf[-1] = loss
+        start = time.perf_counter()
+        self.comm.Allreduce(self.mpi.IN_PLACE, buf)  # sum over the ranks
+        self.comm_time += time.perf_counter() - start
+        buf /= self.size
+        offset = 0
+        for i, (p, n) in enumerate(zip(params, sizes, strict=True)):
+            grad = buf[offset : offset + n].reshape(p.shape)  # a view: no copy on the host
+            p.grad = xp_of(p.data).asarray(grad) if buf[total + i] > 0 else None
+            offset += n
+        return float(buf[-1])
+
+    # ---- the optimiser's step ----------------------------------------------------------------
+    def step(self, optimizer: Optimizer) -> None:
+        """The optimiser's step: whole on every rank, or under ZeRO-1 this rank's slice of the
+        flat parameters, then an Allgather of the slices."""
+        if not self.zero:
+            optimizer.step()
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if self._params is None:
+            shard = -(-sum(p.data.size for p in params) // self.size)  # ceil: equal slices
+            self._params = np.zeros(shard * self.size, dtype=params[0].dtype)
+        for i, p, group, (start, stop), (lo, hi) in self._pieces(optimizer):
+            self._params[start:stop] = to_numpy(p.data).ravel()[lo:hi]
+            if p.grad is None:
+                continue
+            grad = to_numpy(p.grad).ravel()[lo:hi]
+            # subtle: the state of parameter i holds only this rank's piece of its moments
+            optimizer.update(
+                self._params[start:stop], grad, group, optimizer.state.setdefault(i, {})
+            )
+        start = time.perf_counter()
+        self.comm.Allgather(self.mpi.IN_PLACE, self._params)
+        self.comm_time += time.perf_counter() - start
+        offset = 0
+        for p in params:
+            n = p.data.size
+            p.data[...] = xp_of(p.data).asarray(self._params[offset : offset + n].reshape(p.shape))
+            offset += n
+
+    def _pieces(self, optimizer: Optimizer) -> Iterator[tuple]:
+        """For each parameter that overlaps this rank's slice of the flat parameters: its
+        index, itself, its group, the overlap's place in the flat buffer and in the parameter.
+        """
+        params = [(p, g) for g in optimizer.param_groups for p in g["params"]]
+        shard = -(-sum(p.data.size for p, _ in params) // self.size)
+        mine_lo, mine_hi = self.rank * shard, (self.rank + 1) * shard
+        offset = 0
+        for i, (p, group) in enumerate(params):
+            lo, hi = max(offset, mine_lo), min(offset + p.data.size, mine_hi)
+            if lo < hi:
+                yield i, p, group, (lo, hi), (lo - offset, hi - offset)
+            offset += p.data.size
+
+    # ---- the optimiser's state in a checkpoint -----------------------------------------------
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any] | None:
+        """``optimizer.state_dict()`` as one process would hold it, on rank 0 (None on the
+        others). Under ZeRO-1 a collective: every rank must call it, and the slices of the
+        moments are gathered and joined."""
+        if not self.zero:
+            return optimizer.state_dict() if self.is_main else None
+        mine = optimizer.state_dict()["state"]
+        pieces = {
+            i: (lo, hi, mine[i]) for i, _, _, _, (lo, hi) in self._pieces(optimizer) if i in mine
+        }
+        gathered = self.comm.gather(pieces, root=0)
+        if not self.is_main:
+            return None
+        full = optimizer.state_dict()
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        state: dict[int, dict[str, Any]] = {}
+        for rank_pieces in gathered:
+            for i, (lo, hi, piece) in rank_pieces.items():
+                joined = state.setdefault(i, {})
+                for name, value in piece.items():
+                    if hasattr(value, "shape"):
+                        flat = joined.setdefault(name, np.zeros(params[i].data.size, value.dtype))
+                        flat[lo:hi] = value
+                    else:  # the step count, the same in every piece
+                        joined[name] = value
+        for i, joined in state.items():
+            for name, value in joined.items():
+                if hasattr(value, "shape"):
+                    joined[name] = value.reshape(params[i].shape)
+        full["state"] = state
+        return full
+
+    def load_optimizer_state(self, optimizer: Optimizer, state_dict: dict[str, Any]) -> None:
+        """Load a whole (one-process) state dict; under ZeRO-1 keep only this rank's slices."""
+        optimizer.load_state_dict(state_dict)
+        if not self.zero:
+            return
+        kept = {}
+        for i, _, _, _, (lo, hi) in self._pieces(optimizer):
+            if i in optimizer.state:
+                kept[i] = {
+                    name: to_numpy(value).ravel()[lo:hi].copy()
+                    if hasattr(value, "shape")
+                    else value
+                    for name, value in optimizer.state[i].items()
+                }
+        optimizer.state = kept
+
+    # ---- failure -----------------------------------------------------------------------------
+    def abort(self, code: int) -> None:
+        """End every rank of the job with ``code``: a rank that stops alone leaves the others
+        waiting in the next collective for ever."""
+        sys.stderr.flush()
+        self.comm.Abort(code)
+
+    @contextlib.contextmanager
+    def abort_on_failure(self) -> Iterator[None]:
+        """Turn an exception on any rank into the end of the whole job, naming the rank."""
+        try:
+            yield
+        except BaseException as e:
+            if isinstance(e, SystemExit) and e.code in (0, None):
+                raise
+            print(f"rank {self.rank} of {self.size} failed; ending the job:", file=sys.stderr)
+            traceback.print_exc()
+            self.abort(1)
+            raise  # Abort ends the process; this only keeps the exception if it returns

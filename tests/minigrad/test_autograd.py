@@ -229,6 +229,17 @@ def test_grad_has_the_tensors_dtype_and_shape(dtype):
     assert b.grad.tolist() == [2.0, 2.0, 2.0]  # summed over the broadcast axis
 
 
+def test_0d_grads_are_arrays_not_numpy_scalars():
+    # regression: NumPy math on 0-d arrays returns scalars, which in-place updates cannot change
+    w = mg.tensor(2.0, dtype=np.float64, requires_grad=True)
+    h = w * 3.0
+    h.retain_grad()
+    (h * w).backward()
+    for g in (w.grad, h.grad):
+        assert type(g) is np.ndarray and g.shape == () and g.dtype == np.float64
+    assert float(w.grad) == 12.0 and float(h.grad) == 2.0
+
+
 def test_float32_grad_through_a_float64_array_stays_float32():
     x = mg.ones(3, requires_grad=True)  # float32
     y = x * np.array([1.0, 2.0, 3.0])  # the float64 array promotes y to float64, as in NumPy

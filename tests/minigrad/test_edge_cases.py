@@ -138,7 +138,7 @@ OPS = [
         ALL,
         ("masked_fill",),
     ),
-    Op("double", lambda x: (x * 1).double(), lambda x: (x * 1).double(), ALL, ("double",)),
+    Op("double", *same(lambda x: x.double()), ALL, ("double",)),
     Op("float", lambda x: x.float(), lambda x: x.float(), ALL, ("float", "astype")),
     Op("long", lambda x: x.long(), lambda x: x.long(), ("zero_d", "empty", "ties"), ("long",)),
     # ---- reductions ---------------------------------------------------------------------------

@@ -11,12 +11,15 @@ to the embeddings by the model, so for those (and "none") this layer sees no pos
 
 ``KVCache`` keeps the keys and values of the tokens already seen, so generation feeds one new
 token per step instead of the whole context: the new token's query attends over the cached
-keys, with the causal mask aligned to the end (the last query sees every key).
+keys, with the causal mask aligned to the end (the last query sees every key). A layer with a
+sliding ``window`` W (Mistral) keeps a rolling cache of its last W - 1 tokens only: its memory
+stops growing, and a model whose every layer is windowed generates past its block_size.
 
-Left out on purpose: a rolling (sliding-window) cache, cross-attention, padding masks, and
-gradients through the cache (it is for inference).
+Left out on purpose: cross-attention, padding masks, and gradients through the cache (it is
+for inference).
 Follows nanoGPT's ``CausalSelfAttention`` (Karpathy) and Meta's Llama reference code (the
-names wq, wk, wv, wo; GQA; the cache), with Ainslie et al. (2023) for grouped-query heads.
+names wq, wk, wv, wo; GQA; the cache), with Ainslie et al. (2023) for grouped-query heads and
+Jiang et al. (2023), Mistral 7B, for the sliding window and its rolling cache.
 """
 
 from __future__ import annotations
@@ -28,23 +31,35 @@ import numpy as np
 from decoder.positional import POSITIONS, RoPE, alibi_slopes
 from minigrad import creation
 from minigrad.backend import device_of, get_xp
-from minigrad.functional.attention import IMPLS, scaled_dot_product_attention
+from minigrad.functional.attention import IMPLS, check_window, scaled_dot_product_attention
 from minigrad.nn import Dropout, Linear, Module
 from minigrad.tensor import Tensor
 
 
 class KVCache:
-    """Preallocated keys and values (B, n_kv_head, block_size, hs) of the tokens seen so far.
+    """Preallocated keys and values (B, n_kv_head, capacity, hs) of the tokens seen so far.
 
-    ``length`` tokens are filled. ``append(k, v)`` writes the new tokens' keys and values
-    after them and returns the filled prefix, ready for attention. The returned Tensors are
-    views of the cache (no copy, no gradient): use them before the next ``reset``.
+    ``length`` tokens have been seen (the position of the next one). ``append(k, v)`` stores
+    the new tokens' keys and values and returns every key and value their queries may need,
+    ready for attention (no gradient).
+
+    Full attention (``window`` None): capacity = block_size, filled in order; the returned
+    Tensors are views of the filled prefix (use them before the next ``reset``); appending
+    past block_size raises. Sliding window W: a rolling buffer of the last W - 1 tokens (a
+    query sees W keys, and the W-th is its own, which comes with it). ``append`` returns the
+    held tokens followed by the new ones (a copy), then keeps the last W - 1 of them; it never
+    fills up.
 
     >>> cache = KVCache(batch_size=1, n_kv_head=2, block_size=8, head_size=4)
     >>> import minigrad as mg
     >>> k, v = cache.append(mg.zeros(1, 2, 3, 4), mg.zeros(1, 2, 3, 4))
     >>> k.shape, cache.length
     ((1, 2, 3, 4), 3)
+    >>> rolling = KVCache(batch_size=1, n_kv_head=2, block_size=8, head_size=4, window=3)
+    >>> for _ in range(4):  # 12 tokens: each append returns the 2 held and its own 3
+    ...     k, v = rolling.append(mg.zeros(1, 2, 3, 4), mg.zeros(1, 2, 3, 4))
+    >>> k.shape, rolling.length, rolling.k.shape
+    ((1, 2, 5, 4), 12, (1, 2, 2, 4))
     """
 
     def __init__(
@@ -55,15 +70,20 @@ class KVCache:
         head_size: int,
         dtype: Any = np.float32,
         device: str = "cpu",
+        window: int | None = None,
     ):
+        check_window(window)
         xp = get_xp(device)
-        shape = (batch_size, n_kv_head, block_size, head_size)
+        capacity = block_size if window is None else window - 1
+        shape = (batch_size, n_kv_head, capacity, head_size)
         self.k = xp.zeros(shape, dtype=dtype)
         self.v = xp.zeros(shape, dtype=dtype)
+        self.window = window
         self.length = 0
 
     @property
     def block_size(self) -> int:
+        """How many tokens the cache holds at most: block_size, or W - 1 for a window."""
         return self.k.shape[2]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -83,6 +103,8 @@ class KVCache:
                 f"KVCache.append: the cache is on {device_of(self.k)!r} but k is on "
                 f"{device_of(k.data)!r}; build the cache with device={device_of(k.data)!r}"
             )
+        if self.window is not None:
+            return self._roll(k, v)
         end = self.length + T_new
         if end > block_size:
             raise ValueError(
@@ -96,15 +118,31 @@ class KVCache:
         # views of the filled prefix: (B, n_kv, block_size, hs) -> (B, n_kv, length, hs)
         return Tensor(self.k[:, :, :end]), Tensor(self.v[:, :, :end])
 
+    def _roll(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The rolling ``append``: held tokens + new ones out, the last W - 1 of them kept."""
+        xp = get_xp(device_of(self.k))
+        capacity = self.block_size
+        held = min(self.length, capacity)  # the buffer's first `held` slots, oldest first
+        k_all = xp.concatenate([self.k[:, :, :held], k.data], axis=2)  # (B, n_kv, S, hs)
+        v_all = xp.concatenate([self.v[:, :, :held], v.data], axis=2)  # S = held + T_new
+        S = k_all.shape[2]
+        keep = min(capacity, S)
+        # subtle: k_all is a fresh array, so writing the buffer from it cannot clobber it
+        self.k[:, :, :keep] = k_all[:, :, S - keep :]
+        self.v[:, :, :keep] = v_all[:, :, S - keep :]
+        self.length += k.shape[2]
+        return Tensor(k_all), Tensor(v_all)
+
     def reset(self) -> None:
         """Forget every token (the arrays are kept and overwritten by later appends)."""
         self.length = 0
 
     def __repr__(self) -> str:
         B, n_kv, block_size, hs = self.k.shape
+        window = "" if self.window is None else f", window={self.window}"
         return (
             f"KVCache(batch_size={B}, n_kv_head={n_kv}, block_size={block_size}, "
-            f"head_size={hs}, length={self.length})"
+            f"head_size={hs}, length={self.length}{window})"
         )
 
 
@@ -117,7 +155,10 @@ class CausalSelfAttention(Module):
     W_V only (Qwen2). ``pos`` is the model's position scheme: "rope" rotates q and k here,
     "alibi" biases the scores here; the others are added to the embeddings by the model.
     ``dropout`` applies to the attention weights (naive path only; ``impl="auto"`` picks it
-    while training with dropout) and to the output (``resid_dropout``).
+    while training with dropout) and to the output (``resid_dropout``). ``window`` W makes it
+    sliding-window attention: each token sees its last W positions, itself included, and
+    its cache rolls. ``rope_scaling``, ``rope_factor`` and ``rope_original_context`` stretch
+    RoPE (decoder/positional.py, ``rope_frequencies``).
 
     >>> import minigrad as mg
     >>> attn = CausalSelfAttention(n_embd=16, n_head=4, n_kv_head=2, pos="rope", block_size=8)
@@ -137,13 +178,18 @@ class CausalSelfAttention(Module):
         block_size: int = 1024,
         rope_theta: float = 10000.0,
         impl: str = "auto",
+        window: int | None = None,
+        rope_scaling: str | None = None,
+        rope_factor: float = 1.0,
+        rope_original_context: int | None = None,
     ):
         super().__init__()
         n_kv_head = n_head if n_kv_head is None else n_kv_head
         check_attention(n_embd, n_head, n_kv_head, pos, impl)
+        check_window(window)
         hs = n_embd // n_head
         self.n_embd, self.n_head, self.n_kv_head, self.head_size = n_embd, n_head, n_kv_head, hs
-        self.pos, self.block_size, self.impl = pos, block_size, impl
+        self.pos, self.block_size, self.impl, self.window = pos, block_size, impl, window
         qkv_bias = bias or qkv_bias  # Qwen2: biases on the input projections, none on W_O
         self.wq = Linear(n_embd, n_head * hs, bias=qkv_bias)
         self.wk = Linear(n_embd, n_kv_head * hs, bias=qkv_bias)  # fewer kv heads: smaller wk, wv
@@ -153,7 +199,11 @@ class CausalSelfAttention(Module):
         # the attention-dropout mask's generator, seeded from the global one (as Dropout's)
         self.rng = np.random.default_rng(int(creation.default_rng().integers(2**63)))
         self.resid_dropout = Dropout(dropout)
-        self.rope = RoPE(hs, block_size, rope_theta) if pos == "rope" else None
+        self.rope = None
+        if pos == "rope":
+            scaling = (rope_scaling, rope_factor, rope_original_context)
+            # a windowed layer's rolling cache may take it past block_size
+            self.rope = RoPE(hs, block_size, rope_theta, *scaling, extrapolate=window is not None)
         slopes = alibi_slopes(n_head).astype(np.float32) if pos == "alibi" else None
         self.register_buffer("slopes", slopes, persistent=False)  # (nh,) or None
 
@@ -174,7 +224,7 @@ class CausalSelfAttention(Module):
         if cache is not None:
             # subtle: RoPE ran first, so the cache holds keys already rotated at their own
             # positions and never needs them rotated again.
-            k, v = cache.append(k, v)  # -> (B, n_kv, offset + T, hs): every key so far
+            k, v = cache.append(k, v)  # -> (B, n_kv, S, hs): every key x's queries may see
         y = scaled_dot_product_attention(
             q,
             k,
@@ -185,6 +235,7 @@ class CausalSelfAttention(Module):
             training=self.training,
             rng=self.rng,
             impl=self.impl,
+            window=self.window,
         )  # (B, nh, T, hs)
         y = y.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)  # (B, nh, T, hs) -> (B, T, C)
         return self.resid_dropout(self.wo(y))
@@ -199,12 +250,14 @@ class CausalSelfAttention(Module):
             self.head_size,
             dtype=weight.dtype,
             device=weight.device if device is None else device,
+            window=self.window,
         )
 
     def extra_repr(self) -> str:
         return (
             f"n_embd={self.n_embd}, n_head={self.n_head}, n_kv_head={self.n_kv_head}, "
             f"pos={self.pos!r}, impl={self.impl!r}"
+            + ("" if self.window is None else f", window={self.window}")
         )
 
 

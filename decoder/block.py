@@ -12,8 +12,11 @@ Three layouts, chosen by the config:
   same input, so they can run at the same time; we follow PaLM and GPT-J in sharing one norm
   (GPT-NeoX keeps two), so a parallel block has no ``norm2``.
 
-Left out on purpose: dropout here (attention and the FFN apply their own residual dropout),
-mixture-of-experts FFNs, and per-layer options (every block has the same config).
+Every block has the same config, except that ``config.window_pattern`` may make some layers
+windowed and others full (``ModelConfig.layer_window``).
+
+Left out on purpose: dropout here (attention and the FFN apply their own residual dropout)
+and mixture-of-experts FFNs.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ def make_norm(config: ModelConfig) -> Module:
 
 
 class Block(Module):
-    """One transformer layer: ``forward(x, cache)`` maps (B, T, C) to (B, T, C)."""
+    """One transformer layer, the ``layer``-th (0-based): ``forward(x, cache)`` maps (B, T, C)
+    to (B, T, C)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.norm_position = config.norm_position
         self.parallel = config.parallel_block
@@ -54,6 +58,10 @@ class Block(Module):
             block_size=config.block_size,
             rope_theta=config.rope_theta,
             impl=config.attn_impl,
+            window=config.layer_window(layer),
+            rope_scaling=config.rope_scaling,
+            rope_factor=config.rope_factor,
+            rope_original_context=config.rope_original_context,
         )
         if not self.parallel:  # a parallel block shares norm1 between its two branches
             self.norm2 = make_norm(config)

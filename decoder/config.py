@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decoder.attention import check_attention
+from decoder.positional import check_rope_scaling
 from decoder.tokenizer import TOKENIZERS
 from minigrad.backend import DEVICES, DeviceUnavailableError, get_xp
 
@@ -41,12 +42,17 @@ class ModelConfig:
     parallel_block: bool = False  # attention and FFN side by side, as in PaLM and Falcon
     pos: str = "learned"  # one of decoder.positional.POSITIONS
     rope_theta: float = 10000.0  # RoPE's base wavelength (the RoFormer paper's value)
+    rope_scaling: str | None = None  # "linear", "ntk" or "yarn": RoPE run past its training
+    rope_factor: float = 1.0  # how many times the training context the scaling stretches to
+    rope_original_context: int | None = None  # the training context (YaRN's ramp needs it)
     dropout: float = 0.0  # on attention weights, residual branches and embeddings
     bias: bool = False  # biases in Linear and LayerNorm; nanoGPT finds them unnecessary
     qkv_bias: bool = False  # biases on W_Q, W_K, W_V even where `bias` is off (Qwen2)
     norm_eps: float | None = None  # added to the norms' variance; None: 1e-5 layer, 1e-6 rms
     tie_weights: bool = True  # lm_head shares the token embedding matrix (Press & Wolf 2017)
     attn_impl: str = "auto"  # "naive", "flash" or "auto" (see F.scaled_dot_product_attention)
+    window: int | None = None  # sliding-window attention (Mistral): each token sees its last W
+    window_pattern: str = "W"  # per layer, repeated: W windowed, F full ("WF" alternates them)
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
@@ -66,12 +72,45 @@ class ModelConfig:
         _choice("norm", self.norm, NORMS)
         _choice("norm_position", self.norm_position, NORM_POSITIONS)
         check_attention(self.n_embd, self.n_head, self.n_kv_head, self.pos, self.attn_impl)
+        if self.rope_scaling is not None and self.pos != "rope":
+            raise ValueError(
+                f"rope_scaling={self.rope_scaling!r} stretches RoPE, but pos={self.pos!r}: "
+                f"set pos='rope' or leave rope_scaling at None"
+            )
+        check_rope_scaling(self.rope_scaling, self.rope_factor, self.rope_original_context)
+        if not self.window_pattern or set(self.window_pattern) - set("WF"):
+            raise ValueError(
+                f"window_pattern={self.window_pattern!r} must be a non-empty string of W "
+                f"(a windowed layer) and F (a full one), repeated over the layers: e.g. 'W' "
+                f"(all windowed, Mistral) or 'WF' (alternating, as GPT-3's banded layers)"
+            )
         if self.parallel_block and self.norm_position == "post":
             raise ValueError("parallel_block=True needs norm_position='pre' (PaLM's layout)")
 
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (0-based), or None where it attends fully.
+
+        >>> [ModelConfig(window=16, window_pattern="WF").layer_window(i) for i in range(3)]
+        [16, None, 16]
+        """
+        windowed = self.window_pattern[layer % len(self.window_pattern)] == "W"
+        return self.window if windowed else None
+
+    @property
+    def context_limit(self) -> int | None:
+        """The most positions one sequence may span: block_size, or None (no limit) where
+        every layer is windowed and positions are relative (RoPE, ALiBi or none). Then each
+        layer's rolling cache keeps only its window, and generation runs on past block_size.
+
+        >>> ModelConfig(window=8, pos="rope").context_limit is None
+        True
+        """
+        windowed = all(self.layer_window(i) is not None for i in range(self.n_layer))
+        return None if windowed and self.pos in ("rope", "alibi", "none") else self.block_size
 
 
 @dataclass
@@ -183,6 +222,7 @@ POSITIVE = (0, math.inf, False, False)
 FRACTION = (0, 1, True, False)  # [0, 1): dropout, Adam's betas
 RANGES: dict[str, tuple[float, float, bool, bool]] = {
     **dict.fromkeys(("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head"), AT_LEAST_1),
+    **dict.fromkeys(("window", "rope_original_context"), AT_LEAST_1),  # a query sees itself
     **dict.fromkeys(("n_embd", "ffn_hidden", "batch_size", "max_iters"), AT_LEAST_1),
     **dict.fromkeys(("lr_decay_iters", "eval_interval", "eval_iters", "log_interval"), AT_LEAST_1),
     **dict.fromkeys(("lr", "min_lr", "warmup_iters", "weight_decay"), AT_LEAST_0),
@@ -205,7 +245,9 @@ def _check_fields(config: Any) -> None:
     owner = type(config).__name__
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        kind = f.type.split("|")[0].strip()  # "int | None" fields are resolved by now
+        if value is None and "None" in f.type:  # an optional field left unset
+            continue
+        kind = f.type.split("|")[0].strip()
         wrong_type = {
             "int": not isinstance(value, numbers.Integral) or isinstance(value, bool),
             "float": not isinstance(value, numbers.Real) or isinstance(value, bool),

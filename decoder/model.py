@@ -22,8 +22,8 @@ Post-norm models have no ``norm_f`` (it is None): their last block already ends 
 as in the original Transformer and GPT-1.
 
 ``generate`` samples one sequence (batch size 1) and yields the tokens as they come; see its
-docstring for the KV cache. Left out on purpose: batched generation, beam search, a rolling
-(sliding-window) cache, and computing the logits of the last position only.
+docstring for the KV cache (rolling for sliding-window layers). Left out on purpose: batched
+generation, beam search, and computing the logits of the last position only.
 Follows nanoGPT's ``model.py`` (Karpathy) and Meta's Llama reference code for the names.
 """
 
@@ -77,7 +77,7 @@ class Decoder(Module):
         kind = positions.get(config.pos)
         self.pos_emb = kind(config.block_size, C) if kind else None
         self.drop = Dropout(config.dropout)
-        self.blocks = ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.norm_f = make_norm(config) if config.norm_position == "pre" else None
         self.lm_head = Linear(C, config.vocab_size, bias=False)
         if config.tie_weights:
@@ -101,6 +101,8 @@ class Decoder(Module):
 
         With ``caches`` (from ``new_caches``), ids are the next T tokens after those already
         cached: positions start at the cache length, and each block's cache grows by T.
+        Positions run to block_size at most, unless every layer is windowed (see
+        ``ModelConfig.context_limit``).
         """
         ids = self._as_ids(ids, "ids")
         B, T = ids.shape
@@ -112,8 +114,8 @@ class Decoder(Module):
                     f"make them with model.new_caches(batch_size)"
                 )
             offset = caches[0].length
-        block_size = self.config.block_size
-        if offset + T > block_size:
+        block_size = self.config.context_limit
+        if block_size is not None and offset + T > block_size:
             held = f"the cache holds {offset} tokens, and {offset} + " if caches else ""
             raise ValueError(
                 f"{held}T={T} tokens exceed the context, block_size={block_size}: "
@@ -229,10 +231,13 @@ class Decoder(Module):
         modes are restored before each token is yielded.
 
         With ``use_cache``, the prompt (cropped to its last block_size tokens) is run once to
-        fill the KV caches, then each step feeds only the newest token. Once the cache is full
+        fill the KV caches, then each step feeds only the newest token. Once a cache is full
         (block_size tokens), generation falls back to recomputing the last block_size tokens
-        every step, exactly as ``use_cache=False`` does throughout: a rolling cache would keep
-        keys computed at positions that the cropped window has shifted.
+        every step, exactly as ``use_cache=False`` does throughout: rolling the cache of a
+        full-attention layer (or shifting learned positions) would keep keys computed at
+        positions that the cropped window has shifted. A model with no context limit (every
+        layer windowed, relative positions: ``ModelConfig.context_limit``) has rolling caches
+        only: it neither crops nor recomputes, however long it runs.
 
         Settings are checked here, at the call, not at the first token.
         """
@@ -263,19 +268,20 @@ class Decoder(Module):
         use_cache: bool,
     ) -> Iterator[int]:
         rng = np.random.default_rng(seed)
-        block_size = self.config.block_size
+        limit = self.config.context_limit
+        crop = slice(None) if limit is None else slice(-limit, None)  # the tokens it can see
         caches = None
         for _ in range(max_new_tokens):
             with _inference(self):
                 if use_cache and caches is None:  # prefill: the whole cropped prompt at once
                     caches = self.new_caches(1)
-                    logits, _ = self([context[-block_size:]], caches=caches)
-                elif use_cache and caches[0].length < block_size:  # feed the newest token
+                    logits, _ = self([context[crop]], caches=caches)
+                elif use_cache and (limit is None or caches[0].length < limit):  # newest token
                     logits, _ = self([context[-1:]], caches=caches)
                 else:  # no cache, or a full one: recompute over the last block_size tokens
-                    logits, _ = self([context[-block_size:]])
+                    logits, _ = self([context[crop]])
             token = sample_token(to_numpy(logits.data[0, -1]), rng=rng, **settings)
-            context = context[-block_size:] + [token]  # older tokens can never be seen again
+            context = context[crop] + [token]  # older tokens can never be seen again
             yield token
 
 

@@ -11,11 +11,18 @@ token, unchanged. Two families fix that:
   only (``rope_tables``); ALiBi adds -slope * |i - j| to the scores (``alibi_slopes``,
   ``alibi_bias``).
 
+RoPE stretches to contexts longer than the training one by changing its frequencies
+(``rope_frequencies``): "linear" position interpolation, the "ntk"-aware change of base, and
+"yarn", which interpolates only the slow pairs and scales the scores by a temperature.
+
 Every scheme has a helper returning plain NumPy arrays for the lessons' plots.
-Left out on purpose: RoPE scaling tricks for longer contexts (NTK, YaRN), interleaved-pair
-RoPE (GPT-J, Meta's Llama code), and T5's learned relative buckets.
-Follows Vaswani et al. (2017), Radford et al. (2019), Su et al., "RoFormer" (2021), and
-Press et al., "Train Short, Test Long" (ALiBi, 2022).
+Left out on purpose: interleaved-pair RoPE (GPT-J, Meta's Llama code), dynamic (per-length)
+NTK scaling, Llama 3.1's own frequency ramp, and T5's learned relative buckets.
+Follows Vaswani et al. (2017), Radford et al. (2019), Su et al., "RoFormer" (2021),
+Press et al., "Train Short, Test Long" (ALiBi, 2022), Chen et al., "Extending Context Window
+of Large Language Models via Positional Interpolation" (2023), bloc97's "NTK-Aware Scaled
+RoPE" (2023) and Peng et al., "YaRN: Efficient Context Window Extension of Large Language
+Models" (2023).
 """
 
 from __future__ import annotations
@@ -24,10 +31,15 @@ import math
 
 import numpy as np
 
+from minigrad.backend import xp_of
 from minigrad.nn import INIT_STD, Module, normal_parameter
 from minigrad.tensor import Tensor, concatenate
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+ROPE_SCALINGS = ("linear", "ntk", "yarn")  # or None: RoPE as trained
+# YaRN's ramp (the paper's alpha and beta, its values for Llama): pairs turning fewer than
+# YARN_ALPHA times over the original context are interpolated, more than YARN_BETA times kept.
+YARN_ALPHA, YARN_BETA = 1.0, 32.0
 
 
 def _check_span(name: str, T: int, offset: int, block_size: int) -> None:
@@ -106,17 +118,37 @@ class SinusoidalPositions(Module):
 
 
 # ---- rotary embeddings -----------------------------------------------------------------------
-def rope_tables(
-    head_size: int, block_size: int, theta: float = 10000.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of RoPE's angles, each (block_size, head_size) float32, rotate-half layout.
+def rope_frequencies(
+    head_size: int,
+    theta: float = 10000.0,
+    scaling: str | None = None,
+    factor: float = 1.0,
+    original_context: int | None = None,
+) -> tuple[np.ndarray, float]:
+    """RoPE's angular frequencies (head_size / 2,) float64, one per pair, and the factor that
+    multiplies cos and sin (1, except YaRN's temperature).
 
-    Pair i (dimensions i and i + hs/2) turns by pos * theta^(-2i / hs); both halves of a
-    row hold the same angles, so ``x * cos + rotate_half(x) * sin`` needs no reshaping.
+    Pair i turns by theta_i = theta^(-2i / hs) per position. To run a model trained on
+    ``original_context`` positions on ``factor`` times as many:
+      - "linear" (position interpolation): theta_i / factor, every pair slowed alike;
+      - "ntk" (NTK-aware): the base becomes theta * factor^(hs / (hs - 2)), so the fastest
+        pair is kept and the slowest is interpolated by exactly ``factor``;
+      - "yarn" (NTK-by-parts + temperature): with r_i = original_context / wavelength_i the
+        turns pair i makes over the original context, and the ramp
+        gamma_i = clip((r_i - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA), 0, 1),
+        theta_i <- (1 - gamma_i) theta_i / factor + gamma_i theta_i: slow pairs (few turns,
+        never seen past one cycle) interpolated, fast pairs (many turns) left as they are.
+        cos and sin are multiplied by sqrt(1 / t) = 0.1 ln(factor) + 1, so every score
+        q . k is divided by the temperature t.
 
-    >>> cos, sin = rope_tables(head_size=4, block_size=3)
-    >>> cos.shape, sin[1].round(3)  # position 1: angles 1 and 1/100
-    ((3, 4), array([0.841, 0.01 , 0.841, 0.01 ], dtype=float32))
+    >>> rope_frequencies(4)[0].tolist()  # theta^0 and theta^(-1/2)
+    [1.0, 0.01]
+    >>> [f.round(4).tolist() for f, _ in (rope_frequencies(4, scaling=s, factor=4) for s in
+    ...     ("linear", "ntk"))]
+    [[0.25, 0.0025], [1.0, 0.0025]]
+    >>> f, m = rope_frequencies(4, scaling="yarn", factor=4, original_context=64)
+    >>> f.round(4).tolist(), round(m, 4)  # ~10 turns over 64: 30% kept; 0.1: interpolated
+    ([0.4722, 0.0025], 1.1386)
     """
     if head_size % 2:
         raise ValueError(
@@ -127,10 +159,73 @@ def rope_tables(
             f"RoPE's theta is the base of its wavelengths: it must be a finite number > 0 "
             f"(10000 in RoFormer and Llama), got {theta}"
         )
-    freqs = theta ** (-np.arange(0, head_size, 2) / head_size)  # (hs/2,) one per pair
-    angles = np.arange(block_size)[:, None] * freqs  # (block_size, hs/2)
+    check_rope_scaling(scaling, factor, original_context)
+    exponents = np.arange(0, head_size, 2) / head_size  # (hs/2,) 2i / hs
+    if scaling == "ntk":
+        # subtle: hs / (hs - 2) makes the last pair's exponent (hs - 2) / hs cancel it exactly
+        theta = theta * factor ** (head_size / max(head_size - 2, 1))
+    freqs = theta**-exponents  # (hs/2,) one per pair
+    if scaling == "linear":
+        return freqs / factor, 1.0
+    if scaling == "yarn":
+        turns = original_context * freqs / (2 * math.pi)  # r_i = L / wavelength_i
+        gamma = np.clip((turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA), 0.0, 1.0)  # (hs/2,)
+        freqs = (1 - gamma) * freqs / factor + gamma * freqs
+        return freqs, 0.1 * math.log(factor) + 1.0
+    return freqs, 1.0
+
+
+def check_rope_scaling(scaling: str | None, factor: float, original_context: int | None) -> None:
+    """Raise a ValueError naming the first impossible RoPE-scaling setting: the one copy of
+    these rules, which ModelConfig.validate also calls.
+
+    >>> check_rope_scaling("yarn", 4.0, None)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: rope_scaling='yarn' needs rope_original_context, ...
+    """
+    if scaling is not None and scaling not in ROPE_SCALINGS:
+        raise ValueError(f"unknown rope_scaling={scaling!r}: use None or one of {ROPE_SCALINGS}")
+    if not (math.isfinite(factor) and factor >= 1):
+        raise ValueError(
+            f"rope_factor={factor} must be a finite number >= 1: how many times longer than "
+            f"the training context the model will run"
+        )
+    if scaling is None and factor != 1:
+        raise ValueError(
+            f"rope_factor={factor} has no effect without rope_scaling: set rope_scaling to "
+            f"one of {ROPE_SCALINGS}, or leave rope_factor at 1"
+        )
+    if scaling == "yarn" and original_context is None:
+        raise ValueError(
+            "rope_scaling='yarn' needs rope_original_context, the context length the model "
+            "was trained at (its ramp counts each pair's turns over that length)"
+        )
+
+
+def rope_tables(
+    head_size: int,
+    block_size: int,
+    theta: float = 10000.0,
+    scaling: str | None = None,
+    factor: float = 1.0,
+    original_context: int | None = None,
+    start: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of RoPE's angles, each (block_size, head_size) float32, rotate-half layout,
+    for positions start .. start + block_size - 1 (frequencies from ``rope_frequencies``).
+
+    Pair i (dimensions i and i + hs/2) turns by pos * theta_i; both halves of a row hold the
+    same angles, so ``x * cos + rotate_half(x) * sin`` needs no reshaping.
+
+    >>> cos, sin = rope_tables(head_size=4, block_size=3)
+    >>> cos.shape, sin[1].round(3)  # position 1: angles 1 and 1/100
+    ((3, 4), array([0.841, 0.01 , 0.841, 0.01 ], dtype=float32))
+    """
+    freqs, attention_factor = rope_frequencies(head_size, theta, scaling, factor, original_context)
+    angles = np.arange(start, start + block_size)[:, None] * freqs  # (block_size, hs/2)
     angles = np.concatenate([angles, angles], axis=1)  # (block_size, hs/2) -> (block_size, hs)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = attention_factor * np.cos(angles), attention_factor * np.sin(angles)
+    return cos.astype(np.float32), sin.astype(np.float32)
 
 
 class RoPE(Module):
@@ -146,17 +241,31 @@ class RoPE(Module):
 
     ``forward(x, offset)`` rotates x (B, h, T, hs) at absolute positions offset .. offset+T-1,
     built from Tensor ops so autograd differentiates it (a rotation: the gradient is rotated
-    back by the same angle).
+    back by the same angle). ``scaling``, ``factor`` and ``original_context`` stretch it to
+    longer contexts (see ``rope_frequencies``). Positions past block_size are refused unless
+    ``extrapolate`` (a sliding-window layer, whose rolling cache runs on past the context):
+    then their rows are computed when asked for.
 
     >>> import minigrad as mg
     >>> RoPE(head_size=8, block_size=16)(mg.randn(2, 4, 5, 8), offset=3).shape
     (2, 4, 5, 8)
     """
 
-    def __init__(self, head_size: int, block_size: int, theta: float = 10000.0):
+    def __init__(
+        self,
+        head_size: int,
+        block_size: int,
+        theta: float = 10000.0,
+        scaling: str | None = None,
+        factor: float = 1.0,
+        original_context: int | None = None,
+        extrapolate: bool = False,
+    ):
         super().__init__()
         self.head_size, self.block_size, self.theta = head_size, block_size, theta
-        cos, sin = rope_tables(head_size, block_size, theta)
+        self.scaling = dict(scaling=scaling, factor=factor, original_context=original_context)
+        self.extrapolate = extrapolate
+        cos, sin = rope_tables(head_size, block_size, theta, **self.scaling)
         self.register_buffer("cos", cos, persistent=False)  # (block_size, hs)
         self.register_buffer("sin", sin, persistent=False)  # (block_size, hs)
 
@@ -164,9 +273,14 @@ class RoPE(Module):
         T, hs = x.shape[-2], x.shape[-1]
         if hs != self.head_size:
             raise ValueError(f"RoPE built for head_size={self.head_size}, got x of shape {x.shape}")
-        _check_span("RoPE", T, offset, self.block_size)
-        cos = self.cos[offset : offset + T]  # (block_size, hs) -> (T, hs)
-        sin = self.sin[offset : offset + T]  # (block_size, hs) -> (T, hs)
+        if self.extrapolate and offset >= 0 and offset + T > self.block_size:
+            args = (self.head_size, T, self.theta)
+            cos, sin = rope_tables(*args, **self.scaling, start=offset)  # 2 x (T, hs), fresh
+            cos, sin = (Tensor(xp_of(x.data).asarray(t, dtype=x.dtype)) for t in (cos, sin))
+        else:
+            _check_span("RoPE", T, offset, self.block_size)
+            cos = self.cos[offset : offset + T]  # (block_size, hs) -> (T, hs)
+            sin = self.sin[offset : offset + T]  # (block_size, hs) -> (T, hs)
         half = hs // 2
         x1, x2 = x[..., :half], x[..., half:]  # (B, h, T, hs) -> 2 x (B, h, T, hs/2)
         rotated = concatenate(
@@ -175,7 +289,8 @@ class RoPE(Module):
         return x * cos + rotated * sin  # (T, hs) tables broadcast over B and h
 
     def extra_repr(self) -> str:
-        return f"head_size={self.head_size}, block_size={self.block_size}, theta={self.theta}"
+        text = f"head_size={self.head_size}, block_size={self.block_size}, theta={self.theta}"
+        return text if self.scaling["scaling"] is None else f"{text}, {self.scaling}"
 
 
 # ---- ALiBi -----------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: train test test-fast lint bench bench-train gpu-check lessons lessons-run clean
+.PHONY: train dist test test-fast lint bench bench-train gpu-check lessons lessons-run clean
 
 $(VENV)/.stamp-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,14 @@ $(VENV)/.stamp-oracle: $(VENV)/.stamp-base
 train: $(VENV)/.stamp-base
 	$(PY) -m decoder.train $(ARGS)
 
-test: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle
+# MPI for the data-parallel tests and runs (the mpich wheel brings mpirun into .venv/bin).
+$(VENV)/.stamp-dist: $(VENV)/.stamp-base
+	$(PIP) install -e '.[dist]' || echo "MPI could not be installed: the 2-rank tests will skip"
+	touch $@
+
+dist: $(VENV)/.stamp-dist
+
+test: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle $(VENV)/.stamp-dist
 	$(PY) -m pytest -n 2 $(ARGS)
 
 # Without the oracle: the torch comparisons skip with a reason.

@@ -1,0 +1,233 @@
+"""Data parallelism over MPI (decoder.dist), with 2 ranks launched by ``mpirun`` in a subprocess
+under a timeout: 2 ranks x b rows take the step of one process with 2b (gradients and new
+weights, float64, to 1e-12), with accumulation and with ZeRO-1 too; ZeRO-1 keeps half the
+optimiser state per rank; a 2-rank run resumed by one process repeats a one-process run; a
+failing rank ends the job with its error instead of hanging.
+
+Run as a script, this file is the ranks' side: ``mpirun -n 2 python test_ddp.py CASE OUT``.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 120  # far above a normal run's few seconds: only a hang gets near it
+B, K = 4, 2  # rows per rank and micro-batches per step in the step cases
+
+
+def mpirun() -> str | None:
+    """The launcher beside this Python (the mpich wheel's), or one on the PATH."""
+    beside = Path(sys.executable).parent / "mpirun"
+    return str(beside) if beside.exists() else shutil.which("mpirun")
+
+
+needs_mpi = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None or mpirun() is None,
+    reason="MPI is not installed: pip install -e '.[dist]' (or make dist) to run these",
+)
+
+
+def launch(args: list[str], tmp_path: Path, ranks: int = 2) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "OPENBLAS_NUM_THREADS": "1",  # two ranks on two cores: one BLAS thread each
+        "OMP_NUM_THREADS": "1",
+        "MINIGRAD_DATA_DIR": str(tmp_path / "cache"),
+    }
+    command = [mpirun(), "-n", str(ranks), sys.executable, *args]
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+
+
+# ---- the ranks' side ----------------------------------------------------------------------------
+def _model_and_optimizer():
+    import minigrad as mg
+    from decoder.config import ModelConfig
+    from decoder.model import Decoder
+    from minigrad.optim import AdamW, param_groups_for_decay
+
+    mg.manual_seed(0)
+    cfg = ModelConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16, bias=True)
+    model = Decoder(cfg).double()
+    return model, AdamW(param_groups_for_decay(model, 0.1), lr=1e-2, weight_decay=0.1)
+
+
+def _state_bytes(optimizer) -> int:
+    return sum(
+        v.nbytes for s in optimizer.state.values() for v in s.values() if hasattr(v, "nbytes")
+    )
+
+
+def _steps_case(out: Path) -> None:
+    """Three steps of: one process on 2B rows; 2 ranks x B rows (k = 1 and k = 2); ZeRO-1.
+    Rank 0 saves every variant's gradients and weights, and the optimiser state's sizes."""
+    from decoder.config import TrainConfig
+    from decoder.dist import DataParallel
+    from decoder.step import train_step
+
+    dist = DataParallel.from_mpi()
+    rng = np.random.default_rng(1)
+    batches = [rng.integers(0, 11, size=(2, 2 * B, 8)) for _ in range(3)]  # (x|y, 2B, T)
+    rows = dist.rows(B)
+    results = {}
+    variants = {  # name: (rows of each batch, k, dist)
+        "one": (slice(None), 1, None),
+        "ddp": (rows, 1, dist),
+        "ddp_accum": (rows, K, dist),
+        "zero": (rows, K, DataParallel(dist.comm, zero=True)),
+    }
+    for name, (rows_of, k, variant_dist) in variants.items():
+        model, optimizer = _model_and_optimizer()
+        cfg = TrainConfig(grad_accum_steps=k, grad_clip=0.05, dtype="float64")
+        losses = [
+            train_step(model, optimizer, x[rows_of], y[rows_of], cfg, i + 1, variant_dist)
+            for i, (x, y) in enumerate(batches)
+        ]
+        results[f"{name}.losses"] = np.array(losses)
+        for pname, p in model.named_parameters():
+            results[f"{name}.grad.{pname}"] = p.grad
+            results[f"{name}.data.{pname}"] = p.data
+        results[f"{name}.state_bytes"] = np.array(_state_bytes(optimizer))
+        if name == "zero":  # the gathered state is the one a single process holds
+            gathered = variant_dist.optimizer_state(optimizer)
+            if dist.is_main:
+                for i, s in gathered["state"].items():
+                    for sname, value in s.items():
+                        results[f"zero.gathered.{i}.{sname}"] = np.asarray(value)
+        if name == "one":
+            for i, s in optimizer.state_dict()["state"].items():
+                for sname, value in s.items():
+                    results[f"one.state.{i}.{sname}"] = np.asarray(value)
+    if dist.is_main:
+        np.savez(out / "steps.npz", **results)
+
+
+def _fail_case(out: Path) -> None:
+    """Rank 1 raises while rank 0 waits for it in a collective."""
+    from decoder.dist import DataParallel
+
+    dist = DataParallel.from_mpi()
+    with dist.abort_on_failure():
+        if dist.rank == 1:
+            raise RuntimeError("rank 1 lost its data")
+        dist.comm.Barrier()  # never completed: rank 1 does not come
+
+
+if __name__ == "__main__":
+    case, out = sys.argv[1], Path(sys.argv[2])
+    {"steps": _steps_case, "fail": _fail_case}[case](out)
+
+
+# ---- the tests ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory) -> dict[str, np.ndarray]:
+    if importlib.util.find_spec("mpi4py") is None or mpirun() is None:
+        pytest.skip("MPI is not installed: pip install -e '.[dist]' (or make dist) to run these")
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    done = launch([__file__, "steps", str(tmp_path)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    with np.load(tmp_path / "steps.npz") as f:
+        return dict(f)
+
+
+def _compare(steps, name, what):
+    keys = [k for k in steps if k.startswith(f"one.{what}.")]
+    assert keys
+    for key in keys:
+        other = key.replace("one.", f"{name}.", 1)
+        np.testing.assert_allclose(steps[other], steps[key], rtol=1e-12, atol=1e-15, err_msg=other)
+
+
+@needs_mpi
+@pytest.mark.parametrize("name", ["ddp", "ddp_accum", "zero"])
+def test_two_ranks_take_the_steps_of_one_process_with_twice_the_rows(steps, name):
+    np.testing.assert_allclose(steps[f"{name}.losses"], steps["one.losses"], rtol=1e-12)
+    _compare(steps, name, "grad")
+    _compare(steps, name, "data")
+    assert len(set(steps["one.losses"].tolist())) == 3  # three different steps were taken
+
+
+@needs_mpi
+def test_zero_keeps_half_the_optimiser_state_per_rank_and_gathers_it_whole(steps):
+    whole, sharded = int(steps["one.state_bytes"]), int(steps["zero.state_bytes"])
+    assert whole == int(steps["ddp.state_bytes"])
+    # a parameter cut by the boundary between the slices costs a few bytes on each side
+    assert abs(sharded - whole / 2) <= 16, (sharded, whole)
+    gathered = [k for k in steps if k.startswith("zero.gathered.")]
+    assert len(gathered) == len([k for k in steps if k.startswith("one.state.")])
+    for key in gathered:
+        reference = steps[key.replace("zero.gathered.", "one.state.")]
+        np.testing.assert_allclose(steps[key], reference, rtol=1e-12, atol=1e-18, err_msg=key)
+
+
+@needs_mpi
+def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
+    done = launch([__file__, "fail", str(tmp_path)], tmp_path)  # a hang fails by the timeout
+    assert done.returncode != 0
+    assert "rank 1 of 2 failed" in done.stderr and "rank 1 lost its data" in done.stderr
+
+
+def make_text(n_lines: int = 300) -> str:
+    words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "me"]
+    rng = np.random.default_rng(0)
+    return "\n".join(" ".join(rng.choice(words, size=rng.integers(3, 8))) for _ in range(n_lines))
+
+
+@needs_mpi
+def test_a_two_rank_run_resumed_by_one_process_repeats_the_one_process_run(tmp_path, monkeypatch):
+    from decoder.checkpoint import load_checkpoint
+    from decoder.config import build_configs
+    from decoder.train import train
+
+    monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "cache"))
+    (tmp_path / "text.txt").write_text(make_text())
+    settings = dict(max_iters=8, lr_decay_iters=8, warmup_iters=2, eval_interval=4, eval_iters=1)
+    settings.update(block_size=16, dtype="float64", sample_tokens=0)
+    flags = [f"--{k}={v}" for k, v in settings.items()]
+    ddp_dir = tmp_path / "ddp"
+    args = ["-m", "decoder.train", "--ddp", "--zero", "--preset", "tiny", "--out", str(ddp_dir)]
+    args += ["--data", str(tmp_path / "text.txt"), "--batch_size=2", "--max_iters=4", *flags[1:]]
+    done = launch(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert load_checkpoint(ddp_dir).step == 4
+
+    cfgs = build_configs("tiny", **{**settings, "batch_size": 4})
+    text = make_text()
+    one = train(*cfgs, text, tmp_path / "one", progress=False)
+    rest = train(*cfgs, text, ddp_dir, resume=True, progress=False)
+    # the same losses after step 4: the 2-rank run left the weights, the optimiser's state and
+    # the batches' generator where the one-process run had them
+    np.testing.assert_allclose(rest["losses"], one["losses"][4:], rtol=1e-12)
+    log = [json.loads(line) for line in (ddp_dir / "log.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in log] == [0, 4, 8]
+
+
+def test_a_run_without_ddp_never_imports_mpi():
+    code = "import sys, decoder.train; assert 'mpi4py' not in sys.modules, 'imported'"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_ddp_without_mpi_says_how_to_install_it(monkeypatch, capsys):
+    from decoder.train import main
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now fails
+    assert main(["--ddp", "--preset", "tiny"]) == 2
+    assert "pip install -e '.[dist]'" in capsys.readouterr().err
+
+
+def test_zero_without_ddp_is_refused(capsys):
+    from decoder.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--zero", "--preset", "tiny"])
+    assert "add --ddp" in capsys.readouterr().err

@@ -115,7 +115,8 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 12  # sequences per step
+    batch_size: int = 12  # sequences per micro-batch (per rank under --ddp)
+    grad_accum_steps: int = 1  # micro-batches summed into each optimiser step
     max_iters: int = 2000  # optimiser steps
     lr: float = 1e-3  # peak learning rate, reached after warmup
     min_lr: float = 1e-4  # the floor of the cosine decay (lr / 10, as Chinchilla suggests)
@@ -224,6 +225,7 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     **dict.fromkeys(("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head"), AT_LEAST_1),
     **dict.fromkeys(("window", "rope_original_context"), AT_LEAST_1),  # a query sees itself
     **dict.fromkeys(("n_embd", "ffn_hidden", "batch_size", "max_iters"), AT_LEAST_1),
+    "grad_accum_steps": AT_LEAST_1,
     **dict.fromkeys(("lr_decay_iters", "eval_interval", "eval_iters", "log_interval"), AT_LEAST_1),
     **dict.fromkeys(("lr", "min_lr", "warmup_iters", "weight_decay"), AT_LEAST_0),
     **dict.fromkeys(("grad_clip", "sample_tokens"), AT_LEAST_0),

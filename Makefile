@@ -47,9 +47,11 @@ bench: $(VENV)/.stamp-oracle
 	$(PY) bench/fused_ops.py
 	$(PY) bench/attention.py
 
-# shakespeare-char trained by minigrad and by a PyTorch twin (about seven minutes)
+# shakespeare-char trained by minigrad and by nanoGPT in PyTorch (about five minutes), then
+# generation against nanoGPT's sampling; bench/profile_step.py splits one step op by op
 bench-train: $(VENV)/.stamp-oracle
 	$(PY) bench/train_vs_torch.py $(ARGS)
+	$(PY) bench/generate_vs_torch.py
 
 # On a machine with an NVIDIA GPU: GPU tests, compute-sanitizer on the kernels, the GPU
 # benchmarks (minutes: those dominate); writes bench/results/gpu-<gpu name>.md.

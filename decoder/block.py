@@ -15,14 +15,16 @@ Three layouts, chosen by the config:
 Every block has the same config, except that ``config.window_pattern`` may make some layers
 windowed and others full (``ModelConfig.layer_window``).
 
-Left out on purpose: dropout here (attention and the FFN apply their own residual dropout)
-and mixture-of-experts FFNs.
+The feed-forward is GPT-2's MLP, Llama's SwiGLU or a mixture of experts (decoder/moe.py).
+
+Left out on purpose: dropout here (attention and the FFN apply their own residual dropout).
 """
 
 from __future__ import annotations
 
 from decoder.attention import CausalSelfAttention, KVCache
 from decoder.config import ModelConfig
+from decoder.moe import MoE
 from minigrad import Tensor
 from minigrad.nn import MLP, LayerNorm, Module, RMSNorm, SwiGLU
 
@@ -36,6 +38,28 @@ def make_norm(config: ModelConfig) -> Module:
     if config.norm == "layer":
         return LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
     return RMSNorm(config.n_embd, eps=config.norm_eps)
+
+
+def make_ffn(config: ModelConfig) -> Module:
+    """The feed-forward the config asks for: GPT-2's MLP, Llama's SwiGLU or a mixture of
+    SwiGLU experts (decoder/moe.py).
+
+    >>> type(make_ffn(ModelConfig(ffn="moe", n_embd=8, n_head=2))).__name__
+    'MoE'
+    """
+    C, bias, dropout = config.n_embd, config.bias, config.dropout
+    if config.ffn == "moe":
+        return MoE(
+            C,
+            config.n_experts,
+            config.top_k,
+            config.moe_hidden,
+            config.n_shared_experts,
+            bias,
+            dropout,
+        )
+    ffn = MLP if config.ffn == "gelu" else SwiGLU
+    return ffn(C, config.ffn_hidden, bias, dropout)
 
 
 class Block(Module):
@@ -65,8 +89,7 @@ class Block(Module):
         )
         if not self.parallel:  # a parallel block shares norm1 between its two branches
             self.norm2 = make_norm(config)
-        ffn = MLP if config.ffn == "gelu" else SwiGLU
-        self.ffn = ffn(config.n_embd, config.ffn_hidden, config.bias, config.dropout)
+        self.ffn = make_ffn(config)
 
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
         if self.parallel:

@@ -85,8 +85,9 @@ class Decoder(Module):
         # GPT-2's scaled init of the residual projections: 2 n_layer branches add into x
         std = INIT_STD / math.sqrt(2 * config.n_layer)
         for block in self.blocks:
-            for proj in (block.attn.wo, block.ffn.w2):
-                proj.weight = normal_parameter(proj.weight.shape, std)
+            for name, proj in block.named_modules():  # ffn.w2, or every expert's w2
+                if name == "attn.wo" or name.endswith("w2"):
+                    proj.weight = normal_parameter(proj.weight.shape, std)
 
     @property
     def device(self) -> str:
@@ -98,6 +99,9 @@ class Decoder(Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Logits (B, T, V) for integer ids (B, T), and the mean cross-entropy against
         ``targets`` (B, T) when given (else None; targets of -100 are left out of the mean).
+        In training mode a mixture-of-experts model adds its routers' load-balancing loss,
+        ``moe_aux_weight`` times their sum (decoder/moe.py); eval mode returns the
+        cross-entropy alone.
 
         With ``caches`` (from ``new_caches``), ids are the next T tokens after those already
         cached: positions start at the cache length, and each block's cache grows by T.
@@ -137,6 +141,9 @@ class Decoder(Module):
             raise ValueError(f"targets have shape {targets.shape}, but ids have {(B, T)}")
         V = logits.shape[-1]
         loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T))
+        if self.training and self.config.ffn == "moe":  # the routers' balance is trained too
+            aux = sum(block.ffn.aux_loss for block in self.blocks)
+            loss = loss + self.config.moe_aux_weight * aux
         return logits, loss
 
     def _as_ids(self, ids: Any, what: str, check_range: bool = True) -> Tensor:
@@ -190,6 +197,32 @@ class Decoder(Module):
                 tables.append(self.pos_emb.weight)
             total -= sum(p.size for p in tables if p.requires_grad or not trainable_only)
         return total
+
+    def num_active_parameters(self) -> int:
+        """Parameters that one token uses: all of them, less the routed experts a
+        mixture-of-experts layer does not send it to (its n_experts - top_k).
+
+        >>> moe = Decoder(ModelConfig(n_layer=1, n_embd=8, ffn="moe", n_experts=4, top_k=1))
+        >>> moe.num_parameters() - moe.num_active_parameters()  # 3 idle experts of 3 * 8 * 24
+        1728
+        """
+        return self.num_parameters() - sum(
+            block.ffn.num_parameters() - block.ffn.num_active_parameters()
+            for block in self.blocks
+            if self.config.ffn == "moe"
+        )
+
+    def router_stats(self) -> dict[str, Any] | None:
+        """The last forward's routing, or None without experts: ``aux_loss`` (its weighted sum
+        over layers, as the training loss adds it) and ``expert_share`` (each expert's share
+        of the token-expert assignments, averaged over layers; 1 / n_experts when balanced).
+        """
+        if self.config.ffn != "moe" or self.blocks[0].ffn.aux_loss is None:
+            return None
+        moes = [block.ffn for block in self.blocks]
+        aux = sum(float(moe.aux_loss.item()) for moe in moes)
+        share = np.mean([moe.expert_share for moe in moes], axis=0)
+        return {"aux_loss": self.config.moe_aux_weight * aux, "expert_share": share.tolist()}
 
     # ---- Hugging Face checkpoints ---------------------------------------------------------
     @classmethod

@@ -206,7 +206,8 @@ def test_errors_name_the_problem():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("ffn", "relu", r"ffn='relu' is not one of \('gelu', 'swiglu'\)"),  # was a silent SwiGLU
+        # ffn was a silent SwiGLU for any other name
+        ("ffn", "relu", r"ffn='relu' is not one of \('gelu', 'swiglu', 'moe'\)"),
         ("norm", "batch", r"norm='batch' is not one of"),  # was a silent RMSNorm
         ("dropout", float("nan"), r"ModelConfig.dropout .*got nan"),
     ],

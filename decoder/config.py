@@ -21,7 +21,7 @@ from decoder.positional import check_rope_scaling
 from decoder.tokenizer import TOKENIZERS
 from minigrad.backend import DEVICES, DeviceUnavailableError, get_xp
 
-FFNS = ("gelu", "swiglu")
+FFNS = ("gelu", "swiglu", "moe")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
 DTYPES = ("float32", "float64")
@@ -35,8 +35,13 @@ class ModelConfig:
     n_head: int = 4  # query heads per attention layer
     n_kv_head: int | None = None  # key/value heads (GQA); None means n_head (multi-head)
     n_embd: int = 128  # the residual stream's width
-    ffn: str = "gelu"  # "gelu": GPT-2's MLP; "swiglu": Llama's gated unit
-    ffn_hidden: int | None = None  # hidden width; None: 4 * n_embd (gelu), ~8/3 * n_embd (swiglu)
+    ffn: str = "gelu"  # "gelu": GPT-2's MLP; "swiglu": Llama's gated unit; "moe": experts
+    ffn_hidden: int | None = None  # hidden width; None: 4 * n_embd (gelu), ~8/3 * n_embd (else)
+    n_experts: int = 8  # routed SwiGLU experts of an ffn="moe" layer (Mixtral has 8)
+    top_k: int = 2  # experts each token is routed to (Mixtral's 2)
+    n_shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeekMoE)
+    moe_hidden: int | None = None  # each expert's hidden width; None: ffn_hidden (Mixtral's)
+    moe_aux_weight: float = 0.01  # weight of the load-balancing loss (Switch Transformer's)
     norm: str = "layer"  # "layer": LayerNorm (GPT-2); "rms": RMSNorm (Llama)
     norm_position: str = "pre"  # "pre": norm inside the residual branch (GPT-2 and later)
     parallel_block: bool = False  # attention and FFN side by side, as in PaLM and Falcon
@@ -61,6 +66,8 @@ class ModelConfig:
             # swiglu has three matrices, so 2/3 of 4x keeps the parameter count of gelu's two
             hidden = 4 * self.n_embd if self.ffn == "gelu" else int(8 * self.n_embd / 3)
             self.ffn_hidden = (hidden + 7) // 8 * 8  # a multiple of 8, kind to matmul kernels
+        if self.moe_hidden is None:
+            self.moe_hidden = self.ffn_hidden
         if self.norm_eps is None:  # PyTorch's LayerNorm default; Llama's RMSNorm
             self.norm_eps = 1e-5 if self.norm == "layer" else 1e-6
         self.validate()
@@ -86,6 +93,11 @@ class ModelConfig:
             )
         if self.parallel_block and self.norm_position == "post":
             raise ValueError("parallel_block=True needs norm_position='pre' (PaLM's layout)")
+        if self.top_k > self.n_experts:
+            raise ValueError(
+                f"top_k={self.top_k} routes each token to more experts than n_experts="
+                f"{self.n_experts}: lower --top_k or raise --n_experts"
+            )
 
     @property
     def head_size(self) -> int:
@@ -225,6 +237,8 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     **dict.fromkeys(("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head"), AT_LEAST_1),
     **dict.fromkeys(("window", "rope_original_context"), AT_LEAST_1),  # a query sees itself
     **dict.fromkeys(("n_embd", "ffn_hidden", "batch_size", "max_iters"), AT_LEAST_1),
+    **dict.fromkeys(("n_experts", "top_k", "moe_hidden"), AT_LEAST_1),
+    **dict.fromkeys(("n_shared_experts", "moe_aux_weight"), AT_LEAST_0),
     "grad_accum_steps": AT_LEAST_1,
     **dict.fromkeys(("lr_decay_iters", "eval_interval", "eval_iters", "log_interval"), AT_LEAST_1),
     **dict.fromkeys(("lr", "min_lr", "warmup_iters", "weight_decay"), AT_LEAST_0),

@@ -494,6 +494,7 @@ def load_weights(model: Decoder, directory: Path, family: str) -> None:
         mapping[ours] = (theirs, layout)
     for ours, (theirs, layout) in mapping.items():
         params[ours].data[...] = to_ours(files[theirs][theirs], layout)  # casts to float32
+        files[theirs].release(theirs)  # its pages leave memory: one tensor's at a time
     for f in opened:
         f.close()
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
@@ -139,8 +140,8 @@ def open_safetensors(path: str | os.PathLike) -> SafetensorsFile:
 class SafetensorsFile(Mapping):
     """A checked safetensors file, memory-mapped: name -> a read-only NumPy array.
 
-    ``f[name]`` is a view into the map (the operating system reads its pages on first touch,
-    and can drop them again), except for bfloat16, which NumPy lacks: those come back as a
+    ``f[name]`` is a view into the map (the operating system reads its pages on first touch;
+    ``release`` drops them), except for bfloat16, which NumPy lacks: those come back as a
     new float32 array (``bfloat16_to_float32``). So a loader that copies one tensor at a time
     into its model never holds a second copy of all the weights. ``close()`` (or leaving a
     ``with`` block) releases the map once no view is left.
@@ -150,11 +151,12 @@ class SafetensorsFile(Mapping):
         self.path = os.fspath(path)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            self.entries, self.metadata, start = _read_header(f, size, self._corrupt)
-        covered = max((end for _, _, _, end in self.entries.values()), default=0)
-        # np.memmap refuses a zero-length map: a file of empty tensors needs none
+            self.entries, self.metadata, self._start = _read_header(f, size, self._corrupt)
+            covered = max((end for _, _, _, end in self.entries.values()), default=0)
+            # mmap refuses to map nothing: a file of empty tensors needs no map
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if covered else None
         self._data = (
-            np.memmap(self.path, dtype=np.uint8, mode="r", offset=start, shape=(covered,))
+            np.frombuffer(self._map, dtype=np.uint8, count=covered, offset=self._start)
             if covered
             else np.empty(0, dtype=np.uint8)
         )
@@ -182,8 +184,24 @@ class SafetensorsFile(Mapping):
         """The dtype's name in the file ("F32", "BF16", ...)."""
         return self.entries[name][0]
 
+    def release(self, name: str) -> None:
+        """Drop the pages holding ``name`` from this process's memory, once it was copied.
+
+        A page read through the map stays resident (and counted) until the map closes; a
+        loader that releases each tensor after copying it holds one tensor's pages at a
+        time. Reading ``name`` again reads the file again. A no-op where the OS lacks it.
+        """
+        if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        _, _, begin, end = self.entries[name]
+        first = (self._start + begin) // mmap.PAGESIZE * mmap.PAGESIZE  # madvise wants pages
+        # subtle: safe for a read-only file map, even for pages shared with a neighbour:
+        # a dropped page is read from the file again when touched
+        self._map.madvise(mmap.MADV_DONTNEED, first, self._start + end - first)
+
     def close(self) -> None:
-        self._data = np.empty(0, dtype=np.uint8)  # the map closes when its last view goes
+        # the map itself closes when the last view into it is gone
+        self._map, self._data = None, np.empty(0, dtype=np.uint8)
 
     def __enter__(self) -> SafetensorsFile:
         return self
@@ -201,7 +219,9 @@ def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
     >>> bfloat16_to_float32(np.array([0x3F80, 0xC040, 0x7F80], dtype=np.uint16))
     array([ 1., -3., inf], dtype=float32)
     """
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    wide = bits.astype(np.uint32)
+    wide <<= 16  # in place: one array of the result's size, not two
+    return wide.view(np.float32)
 
 
 def _read_header(

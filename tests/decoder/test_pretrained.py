@@ -440,3 +440,28 @@ def test_generate_and_finetune_from_pretrained(llama_dir, tmp_path, capsys):
     assert generate_cli.main(["--from-pretrained", str(merged), "--max-new-tokens", "3"]) == 0
     assert generate_cli.main(["--from-pretrained", str(tmp_path / "none")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+# ---- reading safetensors as these models ship them -------------------------------------------
+def test_bfloat16_edge_values_read_as_torch_reads_them(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch (the oracle extra) is not installed")
+    st = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    values = [0.0, -0.0, 1.0, -3.5, 1e-40, 3e38, float("inf"), -float("inf"), float("nan")]
+    x = torch.tensor(values).to(torch.bfloat16).reshape(3, 3)
+    st.save_file({"x": x, "empty": torch.zeros(0, 2, dtype=torch.bfloat16)}, tmp_path / "w.st")
+    with open_safetensors(tmp_path / "w.st") as f:
+        got = f["x"]
+        assert got.dtype == np.float32 and f["empty"].shape == (0, 2)
+    np.testing.assert_array_equal(got, x.float().numpy())  # NaN, -0.0 and subnormals too
+    assert np.signbit(got[0, 1])
+
+
+def test_open_safetensors_maps_the_file_and_release_drops_only_pages(tmp_path):
+    arrays = {"a": np.arange(5000, dtype=np.float32), "b": np.ones((3, 2), dtype=np.float16)}
+    save_safetensors(tmp_path / "w.st", arrays)
+    with open_safetensors(tmp_path / "w.st") as f:
+        a = f["a"]
+        assert not a.flags.writeable and not a.flags.owndata  # a view of the map, no copy
+        f.release("a")
+        np.testing.assert_array_equal(a, arrays["a"])  # read from the file again
+        np.testing.assert_array_equal(f["b"], arrays["b"])

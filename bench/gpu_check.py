@@ -244,10 +244,11 @@ def report_path(out_dir: Path, gpu_name: str) -> Path:
 def plan(python: str, iters: int, sanitizer: str | None, skip_bench: bool) -> list[Step]:
     """The commands of the check, in order. Without compute-sanitizer its steps are absent
     (`main` reports them as not run)."""
+    # No -q: pyproject's addopts already has one, and a second drops pytest's summary line.
     steps = [
         Step(
             "GPU tests (pytest -m gpu)",
-            [python, "-m", "pytest", "-m", "gpu", "-p", "no:xdist", "-q", "-rfE", "tests"],
+            [python, "-m", "pytest", "-m", "gpu", "-p", "no:xdist", "-rfEs", "tests"],
             "tests",
         )
     ]

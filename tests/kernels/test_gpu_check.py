@@ -168,3 +168,16 @@ def test_run_reports_a_timeout():
     step = gpu_check.Step("sleeps", [sys.executable, "-c", "import time; time.sleep(30)"], "train")
     result = gpu_check.run(step, timeout=0.5)
     assert result.passed is False and result.summary.endswith("; timed out")
+
+
+def test_the_planned_pytest_command_gives_a_summary_the_parser_reads(tmp_path):
+    # The real pytest, with this project's addopts: a second -q there once hid the summary.
+    (tmp_path / "test_tiny.py").write_text(
+        "import pytest\n\n\n@pytest.mark.gpu\ndef test_runs():\n    pass\n\n\n"
+        "@pytest.mark.gpu\n@pytest.mark.skip(reason='no GPU')\ndef test_skips():\n    pass\n"
+    )
+    planned = gpu_check.plan(sys.executable, 1, None, skip_bench=True)[0]
+    config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
+    command = [*planned.command[:-1], *config, "-p", "no:cacheprovider", str(tmp_path)]
+    result = gpu_check.run(gpu_check.Step(planned.title, command, "tests"))
+    assert result.passed and result.summary == "1 passed, 1 skipped", result.output

@@ -346,7 +346,6 @@ def kernel_case(name: str) -> int:
     import cupy
     import numpy as np
 
-    sys.path.insert(0, str(ROOT))
     from minigrad.kernels.flash_attention import flash_attention_backward, flash_attention_forward
     from minigrad.kernels.flash_attention_cuda import (
         flash_attention_backward_cuda,

@@ -7,12 +7,15 @@ yet reports 0 errors; the report written from parsed results; the planned comman
 step run for real (a Python child printing a recording), with its exit code and timeout.
 
 The recordings in gpu_check_outputs/ were written by hand in the tools' formats.
-Leaves out `environment()` and the kernel check: both need cupy and a GPU.
+Leaves out `environment()`, which needs nvidia-smi and a GPU; the kernel check runs on the
+CuPy stand-in, its kernels in the CPU emulator.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -181,3 +184,12 @@ def test_the_planned_pytest_command_gives_a_summary_the_parser_reads(tmp_path):
     command = [*planned.command[:-1], *config, "-p", "no:cacheprovider", str(tmp_path)]
     result = gpu_check.run(gpu_check.Step(planned.title, command, "tests"))
     assert result.passed and result.summary == "1 passed, 1 skipped", result.output
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
+@pytest.mark.parametrize("case", sorted(gpu_check.KERNEL_CASES))
+def test_kernel_case_checks_the_kernels_on_the_cupy_standin(case, fake_cupy, capsys):
+    # The process compute-sanitizer watches, run here on the stand-in (kernels in the emulator).
+    assert gpu_check.kernel_case(case) == 0
+    printed = capsys.readouterr().out
+    assert gpu_check.parse_sanitizer(printed + "========= ERROR SUMMARY: 0 errors\n", "memcheck")[0]

@@ -9,6 +9,7 @@ import minigrad as mg
 from decoder.attention import CausalSelfAttention, KVCache
 from decoder.config import ModelConfig
 from decoder.model import Decoder
+from decoder.positional import RoPE
 
 
 def config(**kw) -> ModelConfig:
@@ -140,3 +141,13 @@ def test_windowed_layer_gradcheck(impl, rng):
     x = mg.tensor(rng.standard_normal((1, 5, 8)), requires_grad=True)
     weights = [attn.wq.weight, attn.wk.weight, attn.wv.weight, attn.wo.weight]
     assert mg.gradcheck(lambda x, *w: attn(x), x, *weights, name=f"windowed attention[{impl}]")
+
+
+def test_windowed_rope_computes_rows_past_its_table(rng):
+    """A windowed layer's RoPE rotates positions past block_size as a longer table would; a
+    full layer's still refuses them."""
+    x = mg.tensor(rng.standard_normal((1, 2, 3, 8)))
+    past = RoPE(8, block_size=16, extrapolate=True)(x, offset=30).numpy()
+    np.testing.assert_allclose(past, RoPE(8, block_size=64)(x, offset=30).numpy(), atol=1e-6)
+    with pytest.raises(ValueError, match="positions 30..32 do not fit block_size=16"):
+        RoPE(8, block_size=16)(x, offset=30)

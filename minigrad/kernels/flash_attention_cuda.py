@@ -40,7 +40,6 @@ _TILES = (32, 16)  # TILE in the .cu (BR == BC), largest first: the first that f
 _THREADS_PER_ROW = 4  # TPR in the .cu: a block has tile * TPR threads
 _PREPROCESS_THREADS = 128  # flash_attn_bwd_preprocess: four warps, one query row each
 _HS_MIN, _HS_MAX = 16, 128  # HS_MAX in the .cu; below 16 most lanes would idle
-_DEFAULT_SHARED = 48 * 1024  # bytes a block gets without opting in to more
 _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which indexes (batch, head)
 # A null device pointer passed by value: 8 zero bytes. (Passing None also means null in
 # recent CuPy, but older versions turn None into a missing argument.)
@@ -110,7 +109,7 @@ def _launch(name: str, n_rows: int, batch_heads: int, args: tuple, hs: int) -> N
     _, raw_module, attributes = _runtime(args[0])
     tile, smem = launch_plan(name, hs, attributes)
     kernel = _module(raw_module, tile).get_function(name)
-    if smem > _DEFAULT_SHARED:
+    if smem > attributes["MaxSharedMemoryPerBlock"]:  # 48 KB without opting in
         # The attribute belongs to the kernel on the current device; setting it is cheap.
         kernel.max_dynamic_shared_size_bytes = smem
     grid = (-(-n_rows // tile), batch_heads)

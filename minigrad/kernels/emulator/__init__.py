@@ -45,7 +45,6 @@ import numpy as np
 from minigrad.fileio import atomic_write
 
 HEADER = Path(__file__).with_name("cuda_emulator.h")
-_SHARED_CAPACITY = 227 * 1024  # the largest opt-in of any device below (sm_90)
 _SANITIZER_FLAGS = {
     "": ["-O2"],
     "address": ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-DEMU_ASAN"],
@@ -115,6 +114,8 @@ DEVICES = {
     "sm_90": Device("sm_90", "H100 (emulated)", 227 * 1024),
 }
 _current = [DEVICES["sm_80"]]
+# The buffer behind every block's shared memory: the most any of these devices allows.
+_SHARED_CAPACITY = max(device.shared_optin for device in DEVICES.values())
 
 
 def current_device() -> Device:

@@ -83,6 +83,7 @@ from decoder.config import (
 )
 from decoder.data import TokenDataset, load_shakespeare, load_text
 from decoder.model import Decoder
+from decoder.moe import expert_postfix
 from decoder.rundir import claim_dir
 from decoder.step import TrainingDiverged, estimate_loss, train_step
 from decoder.tokenizer import get_tokenizer
@@ -238,21 +239,32 @@ def read_log(out_dir: Path) -> list[dict]:
 
 
 def plot_losses(out_dir: Path, title: str = "") -> None:
-    """Redraw ``loss.png`` from ``log.jsonl`` (train and val loss against the step)."""
+    """Redraw ``loss.png`` from ``log.jsonl``: train and val loss against the step, and for a
+    mixture of experts a second panel with each expert's share of the routed tokens."""
     # matplotlib's object API with the Agg canvas: no pyplot global state, no display needed
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     rows = read_log(out_dir)
-    fig = Figure(figsize=(6, 4), dpi=100)
+    routed = [r for r in rows if "expert_share" in r]  # none before the first step
+    fig = Figure(figsize=(6, 7 if routed else 4), dpi=100)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = fig.add_subplot(2, 1, 1) if routed else fig.add_subplot()
     steps = [r["step"] for r in rows]
     ax.plot(steps, [r["train_loss"] for r in rows], "o-", label="train")
     ax.plot(steps, [r["val_loss"] for r in rows], "o-", label="val")
     ax.set(xlabel="step", ylabel="cross-entropy loss (nats/token)", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
+    if routed:
+        shares = np.array([r["expert_share"] for r in routed])  # (rows, n_experts)
+        share_ax = fig.add_subplot(2, 1, 2, sharex=ax)
+        for e in range(shares.shape[1]):
+            share_ax.plot([r["step"] for r in routed], shares[:, e], ".-", label=f"expert {e}")
+        share_ax.axhline(1 / shares.shape[1], color="gray", ls="--", label="balanced")
+        share_ax.set(xlabel="step", ylabel="share of routed tokens")
+        share_ax.grid(alpha=0.3)
+        share_ax.legend(fontsize="x-small", ncol=4)
     fig.tight_layout()
     with atomic_write(out_dir / PLOT) as f:  # a viewer never sees a half-drawn file
         fig.savefig(f, format="png")
@@ -403,6 +415,8 @@ def save(run: Run) -> None:
 def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:
     """Score both splits, write a checkpoint, and only then log the row and redraw the plot
     (under --ddp every rank calls it; rank 0 alone scores and logs)."""
+    # the routing of the last training batch, read before the evaluation's forwards replace it
+    router = run.model.router_stats()  # None without experts (and before the first step)
     if run.is_main:
         run.losses = estimate_loss(run.model, run.data, run.train_cfg, run.model_cfg.block_size)
     if checkpoint:
@@ -416,6 +430,7 @@ def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:
         "lr": lr_at(max(run.step - 1, 0), run.train_cfg),
         "tokens_per_s": tokens_per_s,
         "time": run.elapsed,
+        **(router or {}),  # aux_loss and expert_share, for a mixture of experts
     }
     append_log(run.out_dir, row)
     plot_losses(run.out_dir, title=f"{run.model.num_parameters():,} parameters")
@@ -525,7 +540,10 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                 tokens_per_s = B * ranks * T * interval_steps / interval_time
                 if run.step % cfg.log_interval == 0:
                     bar.set_postfix(
-                        loss=f"{losses[-1]:.4f}", tok_s=f"{tokens_per_s:,.0f}", lr=f"{lr:.2e}"
+                        loss=f"{losses[-1]:.4f}",
+                        tok_s=f"{tokens_per_s:,.0f}",
+                        lr=f"{lr:.2e}",
+                        **expert_postfix(run.model.router_stats()),
                     )
                 bar.update(1)
 

@@ -172,3 +172,25 @@ def test_every_experts_down_projection_gets_the_scaled_init():
 def test_config_refuses_top_k_above_the_experts():
     with pytest.raises(ValueError, match="top_k=3 routes each token to more experts"):
         build_configs("tiny", {"ffn": "moe", "n_experts": "2", "top_k": "3"})
+
+
+def test_training_logs_the_routing_plots_it_and_resumes_exactly(tmp_path, monkeypatch):
+    from decoder.train import PLOT, read_log, train
+    from tests.decoder.test_train import TEXT
+
+    monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "cache"))
+    overrides = dict(ffn="moe", n_experts=4, top_k=2, n_shared_experts=1, moe_hidden=16)
+    model_cfg, train_cfg = build_configs(
+        "tiny", max_iters=4, eval_interval=2, eval_iters=1, batch_size=2, block_size=8,
+        warmup_iters=2, sample_tokens=0, **overrides,
+    )  # fmt: skip
+    whole = train(model_cfg, train_cfg, TEXT, tmp_path / "whole", progress=False)
+    train(model_cfg, train_cfg, TEXT, tmp_path / "split", progress=False, until=2)
+    rest = train(model_cfg, train_cfg, TEXT, tmp_path / "split", resume=True, progress=False)
+    assert rest["losses"] == whole["losses"][2:]  # bitwise: routing is deterministic
+    rows = read_log(tmp_path / "whole")
+    assert [r["step"] for r in rows] == [0, 2, 4] and "expert_share" not in rows[0]
+    for r in rows[1:]:
+        assert len(r["expert_share"]) == 4 and sum(r["expert_share"]) == pytest.approx(1.0)
+        assert r["aux_loss"] > 0
+    assert (tmp_path / "whole" / PLOT).stat().st_size > 0

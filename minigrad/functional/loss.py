@@ -21,7 +21,7 @@ from typing import Any
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
 from minigrad.functional.inputs import as_index_array, check_floating
-from minigrad.functional.rows import as_rows, sum_last
+from minigrad.functional.rows import as_rows, sum_last, widen
 from minigrad.tensor import Tensor
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -40,7 +40,9 @@ class CrossEntropy(Function):
     @staticmethod
     def forward(ctx, logits, targets=None, keep=None, reduction="mean"):
         xp = xp_of(logits)
-        x = as_rows(logits)  # (..., V) -> (N, V)
+        # subtle: float32 at least, and so is the loss (as under PyTorch's autocast): a float16
+        # loss could not be multiplied by a loss scale of 2^16 without overflowing
+        x = as_rows(widen(logits))  # (..., V) -> (N, V)
         rows = xp.arange(x.shape[0])
         # subtle: ignored rows point at class 0, so indexing is safe; their weight 0 drops them
         cols = xp.where(keep, targets, 0).reshape(-1)  # (...) -> (N,)

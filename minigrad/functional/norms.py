@@ -18,7 +18,7 @@ from typing import Any
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
 from minigrad.functional.inputs import check_floating, check_same_dtype
-from minigrad.functional.rows import as_rows, dot_last, sum_last
+from minigrad.functional.rows import as_rows, dot_last, sum_last, widen
 from minigrad.tensor import Tensor
 
 
@@ -58,6 +58,7 @@ class LayerNorm(Function):
 
     @staticmethod
     def forward(ctx, x, *affine, eps=1e-5, has_weight=True, has_bias=True):
+        dtype, (x, *affine) = x.dtype, map(widen, (x, *affine))  # float32 at least
         weight, bias = _split_affine(affine, has_weight, has_bias)
         n = x.shape[-1] or 1  # subtle: rows of no features sum to 0; 0 / 1 keeps 0 / 0 away
         xhat = x - sum_last(x) / n  # centred: a fresh array, normalised in place below
@@ -66,15 +67,17 @@ class LayerNorm(Function):
         ctx.save_for_backward(xhat, rstd, weight)
         ctx.has_bias = has_bias
         if weight is None:
-            return xhat + bias if bias is not None else xhat
-        y = xhat * weight
-        if bias is not None:
-            y += bias
-        return y
+            y = xhat + bias if bias is not None else xhat
+        else:
+            y = xhat * weight
+            if bias is not None:
+                y += bias
+        return y.astype(dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad_out):
         xhat, rstd, weight = ctx.saved
+        grad_out = widen(grad_out)  # the engine casts the gradients back to the inputs' dtype
         n = xhat.shape[-1] or 1  # as in the forward
         if weight is None:
             g = grad_out.copy()  # ours to overwrite
@@ -109,16 +112,19 @@ class RMSNorm(Function):
 
     @staticmethod
     def forward(ctx, x, *affine, eps=1e-6, has_weight=True):
+        dtype, (x, *affine) = x.dtype, map(widen, (x, *affine))  # float32 at least
         weight = affine[0] if has_weight else None
         n = x.shape[-1] or 1  # subtle: rows of no features sum to 0; 0 / 1 keeps 0 / 0 away
         rstd = 1.0 / xp_of(x).sqrt(dot_last(x, x) / n + eps)  # (..., C) -> (..., 1)
         xhat = x * rstd
         ctx.save_for_backward(xhat, rstd, weight)
-        return xhat * weight if weight is not None else xhat
+        y = xhat * weight if weight is not None else xhat
+        return y.astype(dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad_out):
         xhat, rstd, weight = ctx.saved
+        grad_out = widen(grad_out)  # the engine casts the gradients back to the inputs' dtype
         g = grad_out * weight if weight is not None else grad_out
         grad_x = xhat * (dot_last(g, xhat) / (xhat.shape[-1] or 1))  # xhat mean(g xhat)
         grad_x -= g

@@ -6,7 +6,10 @@ einsum (faster than NumPy's reductions along a short last axis), the exponential
 with the cheapest safe shift, and the flattening of the leading axes into N rows.
 
 They take and return NumPy or CuPy arrays, never Tensors: they run inside a Function's
-forward or backward. Left out on purpose: reductions over other axes (the callers move the
+forward or backward. ``widen`` gives them float32 at least: half-precision inputs (float16)
+are summed and exponentiated in float32, as under PyTorch's autocast, since a float16 sum of
+a few thousand values overflows (65504 is its largest number) and loses every digit below
+1/1024 of the total. Left out on purpose: reductions over other axes (the callers move the
 axis to the end first).
 """
 
@@ -18,6 +21,15 @@ from typing import Any
 import numpy as np
 
 from minigrad.backend import xp_of
+
+
+def widen(a: Any) -> Any:
+    """``a`` as float32 where it is a narrower float (float16), else ``a`` itself.
+
+    >>> str(widen(np.ones(2, np.float16)).dtype), str(widen(np.ones(2)).dtype)
+    ('float32', 'float64')
+    """
+    return a.astype(np.float32) if a.dtype.kind == "f" and a.dtype.itemsize < 4 else a
 
 
 def as_rows(a: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
 from minigrad.functional.inputs import check_floating
-from minigrad.functional.rows import dot_last, exp_shifted, sum_last
+from minigrad.functional.rows import dot_last, exp_shifted, sum_last, widen
 from minigrad.tensor import Tensor
 
 
@@ -46,16 +46,17 @@ class Softmax(Function):
 
     @staticmethod
     def forward(ctx, x, axis=-1):
-        y, total, _ = exp_shifted(_to_last(x, axis))  # the math runs along the last axis
+        # the math runs along the last axis, in float32 at least (y is saved so)
+        y, total, _ = exp_shifted(_to_last(widen(x), axis))
         y /= total
         ctx.axis = axis
         ctx.save_for_backward(y)
-        return _from_last(y, axis)
+        return _from_last(y, axis).astype(x.dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad_out):
         (y,) = ctx.saved
-        grad_out = _to_last(grad_out, ctx.axis)
+        grad_out = _to_last(widen(grad_out), ctx.axis)  # the engine casts grad_x back to x's
         grad_x = grad_out - dot_last(grad_out, y)  # g_k - sum_i g_i y_i
         grad_x *= y
         return _from_last(grad_x, ctx.axis)
@@ -71,12 +72,12 @@ class LogSoftmax(Function):
 
     @staticmethod
     def forward(ctx, x, axis=-1):
-        xp = xp_of(x)
-        x = _to_last(x, axis)  # the math below runs along the last axis
+        xp, dtype = xp_of(x), x.dtype
+        x = _to_last(widen(x), axis)  # the math below runs along the last axis, float32 at least
         ctx.axis = axis
         if not x.size:  # nothing to normalise, and NumPy has no max of a row of no elements
             ctx.save_for_backward(x)
-            return _from_last(x.copy(), axis)
+            return _from_last(x.astype(dtype), axis)
         # subtle: the shift must be each row's max here (not exp_shifted's): then x - m is
         # exact where it matters, near the max, and log p_i keeps its relative precision
         y = x - x.max(axis=-1, keepdims=True)  # shifted logits; the largest is 0
@@ -85,12 +86,12 @@ class LogSoftmax(Function):
         y -= xp.log(total)
         p /= total  # the softmax, for the backward
         ctx.save_for_backward(p)
-        return _from_last(y, axis)
+        return _from_last(y, axis).astype(dtype, copy=False)
 
     @staticmethod
     def backward(ctx, grad_out):
         (p,) = ctx.saved
-        grad_out = _to_last(grad_out, ctx.axis)
+        grad_out = _to_last(widen(grad_out), ctx.axis)
         grad_x = p * -sum_last(grad_out)  # - p_k sum_i g_i
         grad_x += grad_out
         return _from_last(grad_x, ctx.axis)

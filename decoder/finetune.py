@@ -104,11 +104,13 @@ def finetune(
     data_path: str | None = None,
     overwrite: bool = False,
     pretrained: bool = False,
+    block_size: int | None = None,
 ) -> dict[str, Any]:
     """Train LoRA adapters on ``text`` and save them (only them) into ``out_dir``.
 
     ``checkpoint`` is one of our checkpoints, or with ``pretrained`` a Hugging Face model
-    directory or hub name (decoder/pretrained.py), trained with TrainConfig's batch settings.
+    directory or hub name (decoder/pretrained.py), trained with TrainConfig's batch settings
+    and a context of ``block_size`` tokens (default: the model's).
 
     ``out_dir`` is held as decoder.rundir describes: a directory holding a previous
     fine-tune's adapters is refused unless ``overwrite``. Returns ``{"val_loss_before",
@@ -119,7 +121,7 @@ def finetune(
     say = print if progress else (lambda *a, **k: None)
     claim = claim_dir(out_dir, (ADAPTERS, SETTINGS, MERGED), SETTINGS, overwrite=overwrite)
     with claim as out_dir:
-        model, tokenizer, base_cfg, base = _load_base(checkpoint, device, pretrained)
+        model, tokenizer, base_cfg, base = _load_base(checkpoint, device, pretrained, block_size)
         data = TokenDataset(_encode(tokenizer, text, data_path or "the fine-tune text"))
         mg.manual_seed(seed)  # the adapters' A init and their dropout generators
         wrapped = apply_lora(
@@ -180,14 +182,15 @@ def finetune(
 
 
 def _load_base(
-    source: str | Path, device: str, pretrained: bool
+    source: str | Path, device: str, pretrained: bool, block_size: int | None = None
 ) -> tuple[Any, Any, TrainConfig, dict[str, Any]]:
     """The base model, its tokenizer, its training settings, and where it came from (for
     lora.json): one of our checkpoints, or a Hugging Face model."""
     if pretrained:
-        model, tokenizer = load_pretrained(source, device=device)
+        model, tokenizer = load_pretrained(source, device=device, block_size=block_size)
         where = str(resolve_source(source).resolve())  # a hub name: its cache directory
-        return model, tokenizer, TrainConfig(), {"base_pretrained": where}
+        base = {"base_pretrained": where, "block_size": model.config.block_size}
+        return model, tokenizer, TrainConfig(), base
     model, tokenizer, ckpt = load_model(source, device=device)
     where = {"base_checkpoint": str(ckpt.path.resolve()), "base_step": ckpt.step}
     return model, tokenizer, ckpt.train_config, where
@@ -222,7 +225,7 @@ def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, An
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
     pretrained = "base_pretrained" in settings
     base = settings["base_pretrained" if pretrained else "base_checkpoint"]
-    model, tokenizer, _, _ = _load_base(base, "cpu", pretrained)
+    model, tokenizer, _, _ = _load_base(base, "cpu", pretrained, settings.get("block_size"))
     apply_lora(
         model,
         tuple(settings["targets"]),
@@ -297,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             metavar="PATH",
             help="a Hugging Face model directory or hub name as the base (see decoder.generate)",
         )
+        p.add_argument(
+            "--block-size",
+            type=int,
+            default=None,
+            help="with --from-pretrained: the context to train with (default: the model's)",
+        )
         p.add_argument("--data", required=True, help="a UTF-8 text file to fine-tune on")
         p.add_argument("--out", required=True, help="where to save the adapters")
         p.add_argument("--lora-r", type=int, default=8, help="the adapters' rank")
@@ -313,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
         args = p.parse_args(argv)
+        if args.block_size is not None and not args.from_pretrained:
+            p.error("--block-size goes with --from-pretrained (a checkpoint keeps its own)")
         finetune(
             args.from_pretrained or args.checkpoint,
             load_text(args.data),
@@ -329,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             data_path=str(Path(args.data).resolve()),
             overwrite=args.overwrite,
             pretrained=args.from_pretrained is not None,
+            block_size=args.block_size,
         )
         if args.merge:  # subtle: the fine-tune removed an old OUT/merged if it overwrote
             path = merge(args.out, Path(args.out) / MERGED)

@@ -131,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a Hugging Face model directory (GPT-2, Llama, Mistral, Qwen2) or a hub name "
         "such as gpt2 (downloaded with pip install -e '.[hub]')",
     )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="with --from-pretrained: crop the context to this many tokens (default: the "
+        "model's own; Llama-family models of 32k tokens need gigabytes for it)",
+    )
     p.add_argument("--prompt", default="\n", help="the text to continue (default: a newline)")
     p.add_argument("--max-new-tokens", type=int, default=500)
     p.add_argument("--temperature", type=float, default=0.8, help="< 1 sharper, > 1 flatter")
@@ -145,9 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--device", default="cpu", choices=DEVICES)
     args = p.parse_args(argv)
+    if args.block_size is not None and not args.from_pretrained:
+        p.error("--block-size goes with --from-pretrained (a checkpoint keeps its own)")
     try:
         if args.from_pretrained:
-            model, tokenizer = load_pretrained(args.from_pretrained, device=args.device)
+            model, tokenizer = load_pretrained(
+                args.from_pretrained, device=args.device, block_size=args.block_size
+            )
         else:
             model, tokenizer, _ = load_model(args.checkpoint, device=args.device)
         print_sample(

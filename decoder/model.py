@@ -226,15 +226,17 @@ class Decoder(Module):
 
     # ---- Hugging Face checkpoints ---------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, source: str | os.PathLike, device: str = "cpu") -> Decoder:
+    def from_pretrained(
+        cls, source: str | os.PathLike, device: str = "cpu", block_size: int | None = None
+    ) -> Decoder:
         """A model from a Hugging Face directory (``config.json`` + safetensors weights) or a
         hub name such as ``"gpt2"``: GPT-2 and the Llama family, see decoder/pretrained.py.
 
-        It is in float32 and in eval mode on ``device``.
+        It is in float32 and in eval mode on ``device``; ``block_size`` crops its context.
         """
         from decoder.pretrained import from_pretrained
 
-        return from_pretrained(source, device)
+        return from_pretrained(source, device, block_size)
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write ``config.json`` and ``model.safetensors`` in the Hugging Face layout, which

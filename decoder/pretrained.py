@@ -85,15 +85,15 @@ class PretrainedError(ValueError):
 # ---- the name maps ---------------------------------------------------------------------------
 # Layouts: AS_IS copies; CONV1D transposes GPT-2's (in, out) Conv1D weight to our (out, in);
 # (k, 3) takes the k-th third of the last axis (GPT-2's fused c_attn: q, k, v), then
-# transposes a weight.
-AS_IS, CONV1D = "as is", "Conv1D"
+# transposes a weight; ROWS keeps the first block_size rows (a context cropped on loading).
+AS_IS, CONV1D, ROWS = "as is", "Conv1D", "rows"
 Q, K, V = (0, 3), (1, 3), (2, 3)
 
 # fmt: off
 GPT2_NAMES = [
     # ours                          GPT-2's (GPT2LMHeadModel)        layout
     ("tok_emb.weight",              "wte.weight",                    AS_IS),
-    ("pos_emb.weight",              "wpe.weight",                    AS_IS),
+    ("pos_emb.weight",              "wpe.weight",                    ROWS),
     ("blocks.{i}.norm1.weight",     "h.{i}.ln_1.weight",             AS_IS),
     ("blocks.{i}.norm1.bias",       "h.{i}.ln_1.bias",               AS_IS),
     ("blocks.{i}.attn.wq.weight",   "h.{i}.attn.c_attn.weight",      Q),
@@ -161,15 +161,18 @@ def name_map(names: list[str], family: str, n_layer: int) -> dict[str, tuple[str
     return {n: table[n] for n in names}
 
 
-def to_ours(array: np.ndarray, layout: Any) -> np.ndarray:
-    """Their tensor in our layout (a view where it can be: nothing is copied here).
+def to_ours(array: np.ndarray, layout: Any, rows: int) -> np.ndarray:
+    """Their tensor in our layout (a view where it can be: nothing is copied here); ``rows``
+    is the block_size that ROWS crops to.
 
-    >>> to_ours(np.arange(6).reshape(1, 6), Q)  # GPT-2's c_attn: (C, 3C) -> W_Q (C, C)
+    >>> to_ours(np.arange(6).reshape(1, 6), Q, rows=1)  # GPT-2's c_attn: (C, 3C) -> W_Q (C, C)
     array([[0],
            [1]])
     """
     if layout == CONV1D:
         return array.T  # (in, out) -> (out, in)
+    if layout == ROWS:
+        return array[:rows]  # (n_positions, C) -> (block_size, C)
     if isinstance(layout, tuple):
         k, parts = layout
         n = array.shape[-1] // parts
@@ -252,6 +255,7 @@ def _gpt2_fields(f: _Fields) -> dict[str, Any]:
 def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
     n_embd, n_head = f.get("hidden_size"), f.get("num_attention_heads")
     f.require("hidden_act", ("silu",), "silu")
+    f.require("use_mrope", (False,), False, "Qwen2-VL's multimodal rotary")
     f.require("attention_dropout", (0, 0.0), 0.0, "dropout only on the attention weights")
     f.require("head_dim", (n_embd // n_head,), n_embd // n_head, "hidden_size / heads")
     # rope_parameters (transformers 5) holds what rope_theta and rope_scaling held before
@@ -456,6 +460,7 @@ def load_weights(model: Decoder, directory: Path, family: str) -> None:
     """
     params = dict(model.named_parameters())  # the tied lm_head appears once, as tok_emb
     mapping = name_map(list(params), family, model.config.n_layer)
+    rows = model.config.block_size
     files, opened = {}, []  # their name -> the open file holding it; every open file
     for shard, listed in weight_files(directory).items():
         f = open_safetensors(directory / shard)
@@ -484,7 +489,8 @@ def load_weights(model: Decoder, directory: Path, family: str) -> None:
         if theirs != "lm_head.weight":
             theirs = prefix + theirs
         # subtle: a zero-strided stand-in gives to_ours' shape without reading the tensor
-        shape = to_ours(np.broadcast_to(np.empty(()), files[theirs].shape(theirs)), layout).shape
+        stand_in = np.broadcast_to(np.empty(()), files[theirs].shape(theirs))
+        shape = to_ours(stand_in, layout, rows).shape
         if shape != params[ours].shape:
             raise PretrainedError(
                 f"{theirs} has shape {files[theirs].shape(theirs)}, which gives {ours} the shape "
@@ -493,17 +499,30 @@ def load_weights(model: Decoder, directory: Path, family: str) -> None:
             )
         mapping[ours] = (theirs, layout)
     for ours, (theirs, layout) in mapping.items():
-        params[ours].data[...] = to_ours(files[theirs][theirs], layout)  # casts to float32
+        params[ours].data[...] = to_ours(files[theirs][theirs], layout, rows)  # to float32
         files[theirs].release(theirs)  # its pages leave memory: one tensor's at a time
     for f in opened:
         f.close()
 
 
-def from_pretrained(source: str | os.PathLike, device: str = "cpu") -> Decoder:
+def from_pretrained(
+    source: str | os.PathLike, device: str = "cpu", block_size: int | None = None
+) -> Decoder:
     """A ``Decoder`` with the weights of a Hugging Face model directory (or hub name),
-    in float32 and eval mode on ``device``."""
+    in float32 and eval mode on ``device``.
+
+    ``block_size`` crops the context below the model's own (max_position_embeddings): our
+    RoPE tables and KV caches are sized by it, which for a 32k-token model is gigabytes.
+    """
     directory = resolve_source(source)
     config, family = config_from_hf(read_config(directory))
+    if block_size is not None:
+        if not 1 <= block_size <= config.block_size:
+            raise PretrainedError(
+                f"block_size={block_size}: the model was trained for contexts of at most "
+                f"{config.block_size} tokens; choose 1..{config.block_size}"
+            )
+        config = dataclasses.replace(config, block_size=block_size)
     model = Decoder(config)
     load_weights(model, directory, family)
     model.to(device)
@@ -511,13 +530,15 @@ def from_pretrained(source: str | os.PathLike, device: str = "cpu") -> Decoder:
     return model
 
 
-def load_pretrained(source: str | os.PathLike, device: str = "cpu") -> tuple[Decoder, Any]:
+def load_pretrained(
+    source: str | os.PathLike, device: str = "cpu", block_size: int | None = None
+) -> tuple[Decoder, Any]:
     """The model and its tokenizer, as decoder.generate and decoder.finetune use them."""
     from decoder.hf_tokenizer import HFTokenizer
     from decoder.tokenizer import TiktokenTokenizer
 
     directory = resolve_source(source)
-    model = from_pretrained(directory, device)
+    model = from_pretrained(directory, device, block_size)
     if model.config.pos == "learned":  # GPT-2's byte-level BPE is tiktoken's gpt2 encoding
         tokenizer = TiktokenTokenizer("gpt2")
     else:

@@ -313,6 +313,66 @@ def test_llama_family_config_translation():
         config_from_hf({**qwen, "use_sliding_window": True})
 
 
+def test_block_size_crops_the_context(tf, tmp_path):
+    model = hf_model(tf, "gpt2")
+    model.save_pretrained(tmp_path)
+    ours = Decoder.from_pretrained(tmp_path, block_size=16)
+    assert ours.config.block_size == 16 and ours.pos_emb.weight.shape == (16, 16)
+    ids = np.arange(16)[None]
+    np.testing.assert_allclose(ours(ids)[0].data, hf_logits(model, ids), atol=2e-5)
+    with pytest.raises(PretrainedError, match="block_size=65: .* at most 64 tokens"):
+        Decoder.from_pretrained(tmp_path, block_size=65)
+
+
+# The config.json files of released models (as their hub repositories hold them).
+RELEASED = {
+    "gpt2": {
+        "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+        "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
+        "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
+        "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+        "resid_pdrop": 0.1, "summary_activation": None, "summary_first_dropout": 0.1,
+        "summary_proj_to_labels": True, "summary_type": "cls_index", "summary_use_proj": True,
+        "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+        "vocab_size": 50257,
+    },
+    "TinyLlama-1.1B": {
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 1,
+        "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 2048,
+        "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 22,
+        "num_key_value_heads": 4, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.35.0", "use_cache": True,
+        "vocab_size": 32000,
+    },
+    "Qwen2-0.5B": {
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+        "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+        "max_position_embeddings": 131072, "max_window_layers": 24, "model_type": "qwen2",
+        "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+        "use_sliding_window": False, "vocab_size": 151936,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(RELEASED))
+def test_released_configs_translate(name):
+    config, _ = config_from_hf(RELEASED[name])
+    hf = RELEASED[name]
+    assert config.n_embd == hf.get("n_embd", hf.get("hidden_size"))
+    assert config.tie_weights == hf.get("tie_word_embeddings", True)
+
+
+def test_mistral_7b_v01_is_refused_for_its_window():
+    v01 = {**LLAMA_CONFIG, "max_position_embeddings": 32768, "sliding_window": 4096}
+    with pytest.raises(PretrainedError, match="sliding_window=4096.*issue 16"):
+        config_from_hf(v01)
+
+
 # ---- the hub, simulated ----------------------------------------------------------------------
 def test_a_hub_name_without_huggingface_hub_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # makes the import fail
@@ -434,9 +494,11 @@ def test_generate_and_finetune_from_pretrained(llama_dir, tmp_path, capsys):
     data.write_text("hello world, the cat's hat. " * 400)
     out = tmp_path / "lora"
     argv = ["--from-pretrained", str(llama_dir), "--data", str(data), "--out", str(out)]
-    assert finetune_cli.main([*argv, "--max-iters", "2", "--lora-r", "2", "--merge"]) == 0
+    argv += ["--max-iters", "2", "--lora-r", "2", "--block-size", "32", "--merge"]
+    assert finetune_cli.main(argv) == 0
     merged = out / "merged"
     assert (merged / "tokenizer.json").is_file()
+    assert json.loads((merged / "config.json").read_text())["max_position_embeddings"] == 32
     assert generate_cli.main(["--from-pretrained", str(merged), "--max-new-tokens", "3"]) == 0
     assert generate_cli.main(["--from-pretrained", str(tmp_path / "none")]) == 2
     assert "no such directory" in capsys.readouterr().err

@@ -217,6 +217,13 @@ class _Fields:
         value = self.hf.get(name)
         return default if value is None else value
 
+    def need(self, name: str) -> Any:
+        """A field the model's shape needs: no default."""
+        value = self.get(name)
+        if value is None:
+            raise PretrainedError(f"config.json lacks {name}, which the model's shape needs")
+        return value
+
     def require(self, name: str, allowed: tuple, default: Any = None, why: str = "") -> Any:
         value = self.get(name, default)
         if value not in allowed:
@@ -236,11 +243,11 @@ def _gpt2_fields(f: _Fields) -> dict[str, Any]:
     if len(set(drops.values())) > 1:
         raise PretrainedError(f"config.json sets different dropouts {drops}; ours is one rate")
     return dict(
-        vocab_size=f.get("vocab_size"),
-        block_size=f.get("n_positions"),
-        n_layer=f.get("n_layer"),
-        n_head=f.get("n_head"),
-        n_embd=f.get("n_embd"),
+        vocab_size=f.need("vocab_size"),
+        block_size=f.need("n_positions"),
+        n_layer=f.need("n_layer"),
+        n_head=f.need("n_head"),
+        n_embd=f.need("n_embd"),
         ffn_hidden=f.get("n_inner"),  # None: 4 n_embd, as GPT-2's default
         norm_eps=f.get("layer_norm_epsilon", 1e-5),
         tie_weights=f.get("tie_word_embeddings", True),
@@ -253,7 +260,7 @@ def _gpt2_fields(f: _Fields) -> dict[str, Any]:
 
 
 def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
-    n_embd, n_head = f.get("hidden_size"), f.get("num_attention_heads")
+    n_embd, n_head = f.need("hidden_size"), f.need("num_attention_heads")
     f.require("hidden_act", ("silu",), "silu")
     f.require("use_mrope", (False,), False, "Qwen2-VL's multimodal rotary")
     f.require("attention_dropout", (0, 0.0), 0.0, "dropout only on the attention weights")
@@ -271,7 +278,7 @@ def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
     window = f.get("sliding_window")
     if arch == "Qwen2ForCausalLM" and not f.get("use_sliding_window", False):
         window = None  # Qwen2 names a window but uses it only when use_sliding_window is set
-    block_size = f.get("max_position_embeddings")
+    block_size = f.need("max_position_embeddings")
     if window is not None and window < block_size:
         raise PretrainedError(
             f"config.json sets sliding_window={window}, below max_position_embeddings="
@@ -290,13 +297,13 @@ def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
             f"`bias` puts biases on every Linear or none"
         )
     return dict(
-        vocab_size=f.get("vocab_size"),
+        vocab_size=f.need("vocab_size"),
         block_size=block_size,
-        n_layer=f.get("num_hidden_layers"),
+        n_layer=f.need("num_hidden_layers"),
         n_head=n_head,
         n_kv_head=f.get("num_key_value_heads", n_head),
         n_embd=n_embd,
-        ffn_hidden=f.get("intermediate_size"),
+        ffn_hidden=f.need("intermediate_size"),
         norm_eps=f.get("rms_norm_eps", 1e-6),
         rope_theta=float(theta),
         tie_weights=f.get("tie_word_embeddings", False),

@@ -35,11 +35,13 @@ V, T_PROMPT, N_NEW = 97, 8, 30
 
 @pytest.fixture(scope="module")
 def tf():
-    """transformers (with torch), or a skip saying why."""
+    """transformers (with torch), told never to reach the hub, or a skip saying why."""
     pytest.importorskip("torch", reason="torch (the oracle extra) is not installed")
-    return pytest.importorskip(
-        "transformers", reason="transformers (the oracle extra) is not installed"
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        yield pytest.importorskip(
+            "transformers", reason="transformers (the oracle extra) is not installed"
+        )
 
 
 def hf_model(tf, kind: str, **overrides):
@@ -270,6 +272,7 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
         ({"activation_function": "relu"}, "activation_function='relu'"),
         ({"attn_pdrop": 0.0, "resid_pdrop": 0.1}, "different dropouts"),
         ({"some_new_option": 1}, r"sets \['some_new_option'\], which this loader cannot honour"),
+        ({"n_embd": None}, "config.json lacks n_embd"),
     ],
 )
 def test_config_fields_we_cannot_honour_are_named(change, message):

@@ -50,37 +50,48 @@ TARGET_VAL_LOSS = 1.89  # shakespeare-char, 2000 steps: nanoGPT's code measured 
 TARGET_RATIO = 0.9  # our tokens/s over the reference's, on the CPU (issue 15)
 FIRST_STEPS = 5  # the losses of the first steps must agree to about 1e-6
 
-# nanoGPT's CPU Shakespeare recipe: its README's command line over config/train_shakespeare_char.py
-# and train.py's defaults, in our field names (what our classic preset is meant to be).
-NANOGPT_CPU = {
-    "block_size": 64,
-    "n_layer": 4,
-    "n_head": 4,
-    "n_kv_head": 4,
-    "n_embd": 128,
+# nanoGPT's Shakespeare recipe in our field names: config/train_shakespeare_char.py over
+# train.py's defaults (its GPU run, our baby-gpt), and its README's CPU command line on top
+# (our shakespeare-char).
+NANOGPT_GPU = {
+    "block_size": 256,
+    "n_layer": 6,
+    "n_head": 6,
+    "n_kv_head": 6,
+    "n_embd": 384,
     "ffn": "gelu",
-    "ffn_hidden": 512,
+    "ffn_hidden": 4 * 384,
     "norm": "layer",
     "norm_eps": 1e-5,
     "norm_position": "pre",
     "parallel_block": False,
     "pos": "learned",
-    "dropout": 0.0,
+    "dropout": 0.2,
     "bias": False,
     "tie_weights": True,
-    "batch_size": 12,
-    "max_iters": 2000,
+    "batch_size": 64,
+    "max_iters": 5000,
     "lr": 1e-3,
     "min_lr": 1e-4,
     "warmup_iters": 100,
-    "lr_decay_iters": 2000,
+    "lr_decay_iters": 5000,
     "beta1": 0.9,
     "beta2": 0.99,
     "weight_decay": 0.1,
     "grad_clip": 1.0,
     "eval_interval": 250,
-    "eval_iters": 20,
+    "eval_iters": 200,
 }
+NANOGPT = {
+    "baby-gpt": NANOGPT_GPU,
+    "shakespeare-char": {
+        **NANOGPT_GPU,
+        **dict(block_size=64, n_layer=4, n_head=4, n_kv_head=4, n_embd=128, ffn_hidden=512),
+        **dict(batch_size=12, max_iters=2000, lr_decay_iters=2000, dropout=0.0, eval_iters=20),
+    },
+}
+# What the reference itself leaves out of nanoGPT's GPU recipe, to train in float32 as we do.
+GPU_DEPARTURES = "bf16 autocast, TF32 matmuls and torch.compile (the reference: plain float32)"
 NANOGPT_GELU = "none"  # nn.GELU(): the exact erf form
 
 
@@ -107,13 +118,14 @@ def our_gelu(model_cfg: ModelConfig) -> str | None:
 
 
 def recipe_differences(preset: str) -> list[str]:
-    """Where the preset's own settings (before this run's --iters) differ from nanoGPT's CPU
-    recipe, one line each; empty when they are the same."""
+    """Where the preset's own settings (before this run's --iters) differ from nanoGPT's
+    recipe, one line each; empty when they are the same. The preset must be in NANOGPT."""
     model_cfg, train_cfg = build_configs(preset)
     ours = {**dataclasses.asdict(model_cfg), **dataclasses.asdict(train_cfg)}
+    recipe = NANOGPT[preset]
     lines = [
         f"{name}: ours {ours[name]!r}, nanoGPT {value!r}"
-        for name, value in NANOGPT_CPU.items()
+        for name, value in recipe.items()
         if ours[name] != value
     ]
     gelu = our_gelu(model_cfg)
@@ -232,15 +244,18 @@ def report(args: argparse.Namespace, runs: dict[int, dict]) -> None:
         gaps.append(max(abs(a - b) for a, b in zip(ours[:n], ref[:n], strict=True)))
     print(f"largest loss difference over the first {n} steps: {max(gaps):.2e}")
 
-    differences = recipe_differences(args.preset)
-    if args.preset == "shakespeare-char" and differences:
-        print("our preset differs from nanoGPT's recipe (the reference follows nanoGPT):")
-        print("".join(f"  {line}\n" for line in differences), end="")
-    elif args.preset != "shakespeare-char":
+    if args.preset in NANOGPT:
+        differences = recipe_differences(args.preset)
+        if differences:
+            print("our preset differs from nanoGPT's recipe (the reference follows nanoGPT):")
+            print("".join(f"  {line}\n" for line in differences), end="")
+        if args.iters != NANOGPT[args.preset]["max_iters"]:
+            print(f"this run: {args.iters} steps (nanoGPT's: {NANOGPT[args.preset]['max_iters']})")
+    else:
         print(f"{args.preset} has no nanoGPT counterpart: the reference writes its choices")
         print("  the way nanoGPT writes the rest (fused projections, SDPA, its AdamW set-up)")
-    if args.iters != NANOGPT_CPU["max_iters"]:
-        print(f"this run: {args.iters} steps (nanoGPT's recipe: {NANOGPT_CPU['max_iters']})")
+    if args.device == "cuda":
+        print(f"the reference leaves out nanoGPT's {GPU_DEPARTURES}")
 
     if args.device == "cpu":
         verdicts = [

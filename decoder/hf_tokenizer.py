@@ -105,7 +105,7 @@ class HFTokenizer:
             self.pattern = _split_pattern(spec, self.path)
             self.encoding = self._as_tiktoken(merges)
         elif "Replace" in steps or "Metaspace" in steps:
-            self.prepend = any(s in steps for s in ("Prepend", "Metaspace"))
+            self.prepend = _prepend_scheme(spec)
             self.encoding = None
         else:
             raise ValueError(
@@ -167,7 +167,7 @@ class HFTokenizer:
                 ids.extend(self.vocab[s] for s in bpe_merge(symbols, self.ranks))
             return ids
         text = text.replace(" ", SPACE)
-        if self.prepend and first:
+        if self.prepend == "always" or (self.prepend == "first" and first):
             text = SPACE + text
         ids = []
         for piece in bpe_merge(list(text), self.ranks):
@@ -197,7 +197,7 @@ class HFTokenizer:
             else:
                 pieces.append(token.replace(SPACE, " ").encode("utf-8"))
         text = b"".join(pieces).decode("utf-8", errors="replace")
-        if not self.byte_level and self.prepend and text.startswith(" "):
+        if not self.byte_level and self.prepend != "never" and text.startswith(" "):
             text = text[1:]  # the space put in front when encoding
         return text
 
@@ -222,6 +222,20 @@ def _steps(spec: dict[str, Any]) -> set[str]:
     if unknown:
         raise ValueError(f"tokenizer.json uses {sorted(unknown)}, which this reader lacks")
     return found
+
+
+def _prepend_scheme(spec: dict[str, Any]) -> str:
+    """Where a SentencePiece-style tokenizer puts "▁" in front of the text: "always" (before
+    every stretch between special tokens: a Prepend normaliser, as Llama 2's files), "first"
+    (before the text's start only) or "never", as a Metaspace pre-tokenizer asks."""
+    normalizer, pre = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}
+    if any(n.get("type") == "Prepend" for n in [normalizer, *normalizer.get("normalizers", [])]):
+        return "always"
+    for step in [pre, *pre.get("pretokenizers", [])]:
+        if step.get("type") == "Metaspace":
+            legacy = "always" if step.get("add_prefix_space") else "never"  # before 0.19
+            return step.get("prepend_scheme", legacy)
+    return "never"
 
 
 def _split_pattern(spec: dict[str, Any], path: str) -> str:

@@ -450,16 +450,20 @@ def test_byte_level_tokenizer_json_matches_tokenizers_by_tiktoken_and_by_our_bpe
         ours.encode("a<|endoftext|>")
 
 
-def test_sentencepiece_style_tokenizer_json_with_byte_fallback(tmp_path):
+@pytest.mark.parametrize("style", ["Prepend normaliser", "Metaspace first"])
+def test_sentencepiece_style_tokenizer_json_with_byte_fallback(tmp_path, style):
     tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is not installed")
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(byte_fallback=True))
-    norm = tokenizers.normalizers
-    tok.normalizer = norm.Sequence([norm.Prepend("▁"), norm.Replace(" ", "▁")])
-    dec = tokenizers.decoders
+    norm, dec = tokenizers.normalizers, tokenizers.decoders
+    if style == "Prepend normaliser":  # Llama 2's file
+        tok.normalizer = norm.Sequence([norm.Prepend("▁"), norm.Replace(" ", "▁")])
+    else:  # what newer tokenizers versions write
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(prepend_scheme="first")
     tok.decoder = dec.Sequence(
         [dec.Replace("▁", " "), dec.ByteFallback(), dec.Fuse(), dec.Strip(" ", 1, 0)]
     )
-    tok.train_from_iterator(TEXT, tokenizers.trainers.BpeTrainer(vocab_size=200))
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=200, special_tokens=["<s>"])
+    tok.train_from_iterator(TEXT, trainer)
     spec = json.loads(tok.to_str())
     vocab = spec["model"]["vocab"]
     vocab.update({f"<0x{b:02X}>": len(vocab) + b for b in range(256)})  # as Llama 2's file
@@ -469,6 +473,8 @@ def test_sentencepiece_style_tokenizer_json_with_byte_fallback(tmp_path):
     expected = reference.encode(SAMPLE).ids
     assert ours.encode(SAMPLE) == expected  # 🙂 is not in the vocabulary: four byte tokens
     assert ours.decode(expected) == reference.decode(expected) == SAMPLE
+    text = "the cat<s>the hat"  # where "▁" goes around a special token
+    assert ours.encode(text, allowed_special="all") == reference.encode(text).ids
 
 
 # ---- the command line ------------------------------------------------------------------------

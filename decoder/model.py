@@ -22,8 +22,9 @@ Post-norm models have no ``norm_f`` (it is None): their last block already ends 
 as in the original Transformer and GPT-1.
 
 ``generate`` samples one sequence (batch size 1) and yields the tokens as they come; see its
-docstring for the KV cache (rolling for sliding-window layers). Left out on purpose: batched
-generation, beam search, and computing the logits of the last position only.
+docstring for the KV cache (rolling for sliding-window layers); beam search and speculative
+decoding are in decoder/decoding.py. Left out on purpose: batched generation, and computing
+the logits of the last position only.
 Follows nanoGPT's ``model.py`` (Karpathy) and Meta's Llama reference code for the names.
 """
 
@@ -255,9 +256,12 @@ class Decoder(Module):
         top_p: float | None = None,
         seed: int | None = None,
         use_cache: bool = True,
+        beam_width: int = 1,
+        length_penalty: float = 1.0,
+        stop_token: int | None = None,
     ) -> Iterator[int]:
         """Continue the prompt ``ids`` (shape (T,) or (1, T): one sequence), yielding each new
-        token id (an int) as soon as it is sampled.
+        token id (an int) as soon as it is sampled; ``stop_token``, once yielded, ends it.
 
         ``temperature`` 0 picks the most likely token (greedy); otherwise the logits are
         divided by it (< 1 sharper, > 1 flatter), cut to the ``top_k`` most likely tokens
@@ -273,6 +277,9 @@ class Decoder(Module):
         positions that the cropped window has shifted. A model with no context limit (every
         layer windowed, relative positions: ``ModelConfig.context_limit``) has rolling caches
         only: it neither crops nor recomputes, however long it runs.
+
+        ``beam_width`` above 1 runs beam search instead of sampling (decoder/decoding.py),
+        with ``length_penalty``: the whole continuation is found first, then yielded.
 
         Settings are checked here, at the call, not at the first token.
         """
@@ -291,8 +298,21 @@ class Decoder(Module):
         check_sampling(temperature, top_k, top_p)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if beam_width != 1:
+            from decoder.decoding import beam_search
+
+            if (temperature, top_k, top_p) != (1.0, None, None) or not use_cache:
+                raise ValueError(
+                    "beam search ranks continuations by the model's own probabilities and "
+                    "always uses the cache: leave temperature at 1, top_k, top_p unset and "
+                    "use_cache on, or set beam_width=1 to sample"
+                )
+            tokens = beam_search(
+                self, prompt.tolist(), max_new_tokens, beam_width, length_penalty, stop_token
+            )
+            return iter(tokens)
         settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        return self._sample(prompt.tolist(), max_new_tokens, settings, seed, use_cache)
+        return self._sample(prompt.tolist(), max_new_tokens, settings, seed, use_cache, stop_token)
 
     def _sample(
         self,
@@ -301,6 +321,7 @@ class Decoder(Module):
         settings: dict,
         seed: int | None,
         use_cache: bool,
+        stop_token: int | None,
     ) -> Iterator[int]:
         rng = np.random.default_rng(seed)
         limit = self.config.context_limit
@@ -318,6 +339,8 @@ class Decoder(Module):
             token = sample_token(to_numpy(logits.data[0, -1]), rng=rng, **settings)
             context = context[crop] + [token]  # older tokens can never be seen again
             yield token
+            if token == stop_token:
+                return
 
 
 @contextmanager
@@ -350,32 +373,28 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
         raise ValueError(f"top_p must be in (0, 1] (or None for no cut), got {top_p}")
 
 
-def sample_token(
+def sampling_probs(
     logits: np.ndarray,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    rng: np.random.Generator | None = None,
-) -> int:
-    """One token id drawn from the logits (V,) of the next position.
+) -> np.ndarray:
+    """The distribution (V,), float64, that ``sample_token`` draws the next token from.
 
-    temperature 0 is greedy. Otherwise: divide by the temperature; keep the ``top_k`` largest
-    logits (k above V keeps all; ties with the k-th are kept too); turn them into
-    probabilities; keep the nucleus, the smallest set of most likely tokens whose mass
-    reaches ``top_p`` (the top token always stays); renormalise and draw.
+    temperature 0 puts all the mass on the most likely token (greedy). Otherwise: divide by
+    the temperature; keep the ``top_k`` largest logits (k above V keeps all; ties with the
+    k-th are kept too); turn them into probabilities; keep the nucleus, the smallest set of
+    most likely tokens whose mass reaches ``top_p`` (the top token always stays); renormalise.
 
-    >>> logits = np.array([1.0, 3.0, 2.0])
-    >>> sample_token(logits, temperature=0.0), sample_token(logits, top_k=1)
-    (1, 1)
-    >>> sorted({sample_token(logits, top_p=0.9, rng=np.random.default_rng(s)) for s in range(50)})
-    [1, 2]
+    >>> sampling_probs(np.array([1.0, 3.0, 2.0]), top_k=2).round(3).tolist()
+    [0.0, 0.731, 0.269]
     """
     check_sampling(temperature, top_k, top_p)
     logits = np.asarray(logits, dtype=np.float64)
-    if temperature == 0:
-        return int(np.argmax(logits))
-    logits = logits / temperature
     V = logits.shape[-1]
+    if temperature == 0:
+        return np.eye(V)[np.argmax(logits)]
+    logits = logits / temperature
     if top_k is not None and top_k < V:
         kth = np.partition(logits, V - top_k)[V - top_k]  # the k-th largest logit
         logits = np.where(logits < kth, -np.inf, logits)
@@ -388,5 +407,27 @@ def sample_token(
         keep[order[mass_before < top_p]] = True  # the first token has 0 ahead: always kept
         probs = np.where(keep, probs, 0.0)
         probs /= probs.sum()
+    return probs
+
+
+def sample_token(
+    logits: np.ndarray,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    rng: np.random.Generator | None = None,
+) -> int:
+    """One token id drawn from the logits (V,) of the next position, from the distribution
+    ``sampling_probs`` gives; greedy (temperature 0) draws nothing from ``rng``.
+
+    >>> logits = np.array([1.0, 3.0, 2.0])
+    >>> sample_token(logits, temperature=0.0), sample_token(logits, top_k=1)
+    (1, 1)
+    >>> sorted({sample_token(logits, top_p=0.9, rng=np.random.default_rng(s)) for s in range(50)})
+    [1, 2]
+    """
+    probs = sampling_probs(logits, temperature, top_k, top_p)
+    if temperature == 0:
+        return int(np.argmax(probs))
     rng = rng if rng is not None else np.random.default_rng()
-    return int(rng.choice(V, p=probs))
+    return int(rng.choice(probs.shape[-1], p=probs))

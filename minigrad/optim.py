@@ -20,6 +20,7 @@ the step).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +36,12 @@ class Optimizer:
 
     ``params`` is a list of Parameters, or a list of groups: dicts with a "params" list and
     any settings that differ from ``defaults`` (e.g. ``{"params": biases, "weight_decay": 0}``).
-    Subclasses define ``update`` for one parameter.
+    Subclasses define ``update`` for one parameter and ``ranges``, the interval each numeric
+    setting must lie in, checked for every group, every loaded state and every ``set_lr``.
     """
+
+    # setting -> (low, high, low included?); high is never included, so inf never passes
+    ranges: dict[str, tuple[float, float, bool]] = {}
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]):
         self.defaults = dict(defaults)
@@ -60,13 +65,33 @@ class Optimizer:
                 if id(p) in seen:
                     raise ValueError(f"{type(self).__name__}: a parameter is in two groups")
                 seen.add(id(p))
-            self.param_groups.append({**self.defaults, **group, "params": ps})
+            settings = {**self.defaults, **group, "params": ps}
+            self.check_settings(settings, f" (group {i})" if len(groups) > 1 else "")
+            self.param_groups.append(settings)
         if not seen:
             raise ValueError(
                 f"{type(self).__name__} got no parameters: pass model.parameters() (is every "
                 f"parameter frozen?)"
             )
         self.state: dict[int, dict[str, Any]] = {}  # parameter index -> its state
+
+    def check_settings(self, settings: Mapping[str, Any], where: str = "") -> None:
+        """Raise a ValueError naming the first setting outside its range (NaN never passes).
+
+        A sequence setting (AdamW's betas) is checked element by element; an absent one is
+        left to the caller.
+        """
+        for name, (low, high, low_included) in self.ranges.items():
+            if name not in settings:
+                continue
+            value = settings[name]
+            for v in value if isinstance(value, tuple | list) else (value,):
+                real = isinstance(v, numbers.Real) and not isinstance(v, bool)
+                if not (real and (low <= v if low_included else low < v) and v < high):
+                    interval = f"{'[' if low_included else '('}{low:g}, {high:g})"
+                    raise ValueError(
+                        f"{type(self).__name__}: {name} must be in {interval}{where}, got {value!r}"
+                    )
 
     def _indexed(self) -> Iterable[tuple[int, Tensor, dict[str, Any]]]:
         """(index, parameter, its group) in a fixed order: the state's keys."""
@@ -115,6 +140,8 @@ class Optimizer:
         and every saved array the shape of its parameter.
         """
         groups = state_dict["param_groups"]
+        for i, saved_group in enumerate(groups):
+            self.check_settings(saved_group, f" (saved group {i})")
         sizes = [len(g["params"]) for g in self.param_groups]
         saved_sizes = [len(g["params"]) for g in groups]
         if sizes != saved_sizes:
@@ -156,6 +183,12 @@ class SGD(Optimizer):
     then p -= lr * g.
     """
 
+    ranges = {
+        "lr": (0.0, math.inf, True),
+        "momentum": (0.0, math.inf, True),
+        "weight_decay": (0.0, math.inf, True),
+    }
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -164,11 +197,6 @@ class SGD(Optimizer):
         weight_decay: float = 0.0,
         nesterov: bool = False,
     ):
-        if lr < 0 or momentum < 0 or weight_decay < 0:
-            raise ValueError(
-                f"SGD: lr, momentum and weight_decay must be >= 0, got {lr}, "
-                f"{momentum}, {weight_decay}"
-            )
         if nesterov and momentum == 0:
             raise ValueError("SGD: nesterov=True needs momentum > 0")
         defaults = {
@@ -205,6 +233,14 @@ class AdamW(Optimizer):
     The (1 - b^t) factors undo the moments' bias towards their zero start.
     """
 
+    # subtle: eps > 0, not PyTorch's eps >= 0: with eps = 0 a zero gradient makes 0 / 0 = NaN
+    ranges = {
+        "lr": (0.0, math.inf, True),
+        "betas": (0.0, 1.0, True),
+        "eps": (0.0, math.inf, False),
+        "weight_decay": (0.0, math.inf, True),
+    }
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -213,12 +249,8 @@ class AdamW(Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.01,
     ):
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(
-                f"AdamW: lr, eps and weight_decay must be >= 0, got {lr}, {eps}, {weight_decay}"
-            )
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"AdamW: betas must be in [0, 1), got {betas}")
+        if len(tuple(betas)) != 2:
+            raise ValueError(f"AdamW: betas must be a pair (b1, b2), got {betas!r}")
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
 
@@ -319,6 +351,8 @@ def cosine_lr(
 
 def set_lr(optimizer: Optimizer, lr: float) -> None:
     """Set the learning rate of every group (call it before each ``step`` with the schedule's
-    value)."""
+    value); a NaN or negative ``lr`` is refused before any group changes."""
+    for group in optimizer.param_groups:
+        optimizer.check_settings({**group, "lr": lr})
     for group in optimizer.param_groups:
         group["lr"] = lr

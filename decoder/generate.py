@@ -2,6 +2,8 @@
 
     python -m decoder.generate --checkpoint runs/shakespeare-char --prompt "ROMEO:" \\
         --max-new-tokens 500 --temperature 0.8 --top-k 40 --top-p 0.95 --seed 1
+    python -m decoder.generate --checkpoint runs/shakespeare-char --prompt "ROMEO:" \\
+        --beam-width 4 --length-penalty 1.0 --stop "." --max-new-tokens 80
     python -m decoder.generate --from-pretrained gpt2 --prompt "Hello, I'm a language model,"
 
 ``--from-pretrained`` reads a Hugging Face model directory or hub name instead
@@ -13,7 +15,10 @@ can end in the middle of one: "é" is two bytes, and they may come in two tokens
 A prompt longer than the context is cropped to its last ``block_size`` tokens, with a
 notice on stderr (the model could not attend further back anyway).
 
-Left out on purpose: batched sampling of several prompts, beam search, stop sequences.
+``--beam-width`` above 1 searches instead of sampling (decoder/decoding.py), ranking the
+continuations that end at ``--stop`` (a text of one token) or at ``--max-new-tokens`` by
+their log-probability over length ** ``--length-penalty``. Left out on purpose: batched
+sampling of several prompts, stop sequences of several tokens.
 Follows nanoGPT's ``sample.py``.
 """
 
@@ -73,11 +78,15 @@ def print_sample(
     seed: int | None = None,
     use_cache: bool = True,
     out: TextIO | None = None,
+    beam_width: int = 1,
+    length_penalty: float = 1.0,
+    stop: str | None = None,
 ) -> str:
-    """Write ``prompt`` and then its continuation to ``out`` (stdout), flushing each piece.
+    """Write ``prompt`` and then its continuation to ``out`` (stdout), flushing each piece;
+    the settings are ``Decoder.generate``'s, and ``stop`` is the text of its stop token.
 
     Returns the whole text written. Raises the tokenizer's error for a prompt it cannot
-    encode, and ValueError for an empty prompt.
+    encode, and ValueError for an empty prompt or a stop text that is not one token.
     """
     out = out or sys.stdout
     ids = tokenizer.encode(prompt)
@@ -91,6 +100,12 @@ def print_sample(
             file=sys.stderr,
         )
         ids = ids[-block_size:]
+    stop_ids = None if stop is None else tokenizer.encode(stop)
+    if stop_ids is not None and len(stop_ids) != 1:
+        raise ValueError(
+            f"--stop {stop!r} is {len(stop_ids)} tokens; it must be exactly one token "
+            f"(a single character with the char tokenizer)"
+        )
     pieces = [prompt]
     out.write(prompt)
     out.flush()
@@ -102,6 +117,9 @@ def print_sample(
         top_p=top_p,
         seed=seed,
         use_cache=use_cache,
+        beam_width=beam_width,
+        length_penalty=length_penalty,
+        stop_token=None if stop_ids is None else stop_ids[0],
     )
     for piece in stream_decode(tokenizer, tokens):
         out.write(piece)
@@ -140,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--prompt", default="\n", help="the text to continue (default: a newline)")
     p.add_argument("--max-new-tokens", type=int, default=500)
-    p.add_argument("--temperature", type=float, default=0.8, help="< 1 sharper, > 1 flatter")
+    p.add_argument(
+        "--temperature", type=float, default=None, help="< 1 sharper, > 1 flatter (default 0.8)"
+    )
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold")
     p.add_argument("--seed", type=int, default=None, help="for a reproducible sample")
@@ -150,8 +170,23 @@ def main(argv: list[str] | None = None) -> int:
         help="recompute the whole context each "
         "token instead of using the KV cache (slower; for comparison)",
     )
+    p.add_argument("--beam-width", type=int, default=1, help="> 1: beam search instead of sampling")
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        help="beam search ranks by log-probability / length ** this (> 0 favours longer)",
+    )
+    p.add_argument("--stop", default=None, help="end after this text (one token)")
     p.add_argument("--device", default="cpu", choices=DEVICES)
     args = p.parse_args(argv)
+    if args.beam_width != 1 and (args.temperature, args.top_k, args.top_p) != (None,) * 3:
+        p.error(
+            "--beam-width ranks by the model's own probabilities: drop --temperature, "
+            "--top-k and --top-p (they shape sampling)"
+        )
+    if args.temperature is None:
+        args.temperature = 0.8 if args.beam_width == 1 else 1.0
     if args.block_size is not None and not args.from_pretrained:
         p.error("--block-size goes with --from-pretrained (a checkpoint keeps its own)")
     try:
@@ -171,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             top_p=args.top_p,
             seed=args.seed,
             use_cache=not args.no_cache,
+            beam_width=args.beam_width,
+            length_penalty=args.length_penalty,
+            stop=args.stop,
         )
     except (CheckpointError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)

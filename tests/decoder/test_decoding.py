@@ -194,3 +194,47 @@ def test_speculative_decoding_refuses_bad_settings(kwargs, message):
 def test_speculative_decoding_needs_one_vocabulary():
     with pytest.raises(ValueError, match="must share one tokenizer"):
         speculative_decode(tiny(0), tiny(1, vocab_size=5), [1], 4)
+
+
+# ---- the command line ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from decoder.config import build_configs
+    from decoder.train import train
+    from tests.decoder.test_train import TEXT
+
+    run = tmp_path_factory.mktemp("run")
+    model_cfg, train_cfg = build_configs(
+        "tiny", max_iters=2, warmup_iters=1, eval_iters=1, batch_size=2, block_size=16,
+        sample_tokens=0,
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIGRAD_DATA_DIR", str(run / "cache"))
+        train(model_cfg, train_cfg, TEXT, run, progress=False)
+    return run
+
+
+def test_the_cli_runs_beam_search_to_the_stop_text(run_dir, capsys):
+    from decoder.checkpoint import load_model
+    from decoder.generate import main
+
+    args = ["--checkpoint", str(run_dir), "--prompt", "the", "--max-new-tokens", "20"]
+    assert main([*args, "--beam-width", "3", "--length-penalty", "0.5", "--stop", "t"]) == 0
+    model, tok, _ = load_model(run_dir)
+    expected = beam_search(model, tok.encode("the"), 20, 3, 0.5, stop_token=tok.encode("t")[0])
+    assert capsys.readouterr().out == "the" + tok.decode(expected) + "\n"
+
+
+def test_the_cli_refuses_sampling_settings_with_beams(run_dir, capsys):
+    from decoder.generate import main
+
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", str(run_dir), "--beam-width", "2", "--temperature", "0.8"])
+    assert "drop --temperature, --top-k and --top-p" in capsys.readouterr().err
+
+
+def test_the_cli_refuses_a_stop_text_of_several_tokens(run_dir, capsys):
+    from decoder.generate import main
+
+    assert main(["--checkpoint", str(run_dir), "--stop", "the"]) == 2
+    assert "--stop 'the' is 3 tokens; it must be exactly one token" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from minigrad.backend import DEVICES, DeviceUnavailableError, get_xp
 FFNS = ("gelu", "swiglu", "moe")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "float16")  # float16: mixed precision, float32 masters
 
 
 @dataclass
@@ -143,7 +143,7 @@ class TrainConfig:
     log_interval: int = 10  # steps between progress-bar updates of the loss
     seed: int = 1337  # seeds weights, batches and dropout
     device: str = "cpu"  # "cpu" or "cuda"
-    dtype: str = "float32"  # parameter and activation dtype
+    dtype: str = "float32"  # parameters and activations; "float16": mixed precision
     tokenizer: str = "char"  # "char", "bpe" (trained here) or "gpt2" (tiktoken)
     bpe_vocab_size: int = 512  # vocabulary size when tokenizer == "bpe"
     sample_tokens: int = 300  # tokens printed as a sample at the end

@@ -9,15 +9,18 @@ A step may accumulate: its batch is split into ``cfg.grad_accum_steps`` equal mi
 each loss scaled by 1/k before its backward pass, so the summed gradients are those of the
 whole batch's mean loss while only one micro-batch's activations are alive at a time. Under
 data parallelism (decoder.dist) the gradients are averaged over the ranks once, after the last
-micro-batch, and before clipping, so every rank clips and steps on the same numbers.
+micro-batch, and before clipping, so every rank clips and steps on the same numbers. In mixed
+precision (decoder.mixed_precision) the passes run in float16 with a scaled loss, and a step
+whose gradients overflowed is skipped.
 
 Left out on purpose: choosing the batch and the learning rate (each trainer has its own
-generator and schedule: minigrad.optim.set_lr), mixed precision.
+generator and schedule: minigrad.optim.set_lr).
 Follows the body of nanoGPT's training loop and its ``estimate_loss``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -27,6 +30,7 @@ import numpy as np
 import minigrad as mg
 from decoder.config import TrainConfig
 from decoder.data import TokenDataset
+from decoder.mixed_precision import LossScaler
 from decoder.model import Decoder
 from minigrad.optim import Optimizer, clip_grad_norm_
 
@@ -48,6 +52,7 @@ def train_step(
     cfg: TrainConfig,
     step: int,
     dist: DataParallel | None = None,
+    scaler: LossScaler | None = None,
 ) -> float:
     """One optimiser step on the batch ``x`` (B, T) with next tokens ``y`` (B, T); the loss.
 
@@ -56,8 +61,10 @@ def train_step(
     parameters' gradients to that global norm at most); the batch goes to the model's device.
     With ``dist`` (one rank of a data-parallel run) the gradients and the loss are averaged
     over the ranks before clipping, and ``dist`` takes the optimiser's step (sharded under
-    ZeRO-1). ``step`` (1-based) only names the step in the error: a NaN or infinite loss
-    raises TrainingDiverged before the optimiser's step, so the weights stay as they were.
+    ZeRO-1). With ``scaler`` the passes run in its low precision on scaled losses, and a
+    step whose gradients hold an inf or NaN leaves the weights as they were (the scaler counts
+    it). ``step`` (1-based) only names the step in the error: a NaN or infinite loss raises
+    TrainingDiverged before the optimiser's step, so the weights stay as they were.
     """
     k = cfg.grad_accum_steps
     if len(x) % k:
@@ -68,21 +75,29 @@ def train_step(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer.zero_grad()
     loss_sum = 0.0
-    # (B, T) -> k x (B / k, T)
-    for x_micro, y_micro in zip(np.split(x, k), np.split(y, k), strict=True):
-        _, loss = model(x_micro, y_micro)  # host arrays: the model checks them and moves them
-        loss_value = loss.item()
-        if not math.isfinite(loss_value):
-            raise TrainingDiverged(
-                f"the loss is {loss_value} at step {step}: training stopped before that step "
-                f"changed the weights (try a lower --lr or a longer warmup)"
-            )
-        # subtle: 1/k on each equal micro-batch makes the summed gradient the whole batch's mean
-        (loss * (1.0 / k) if k > 1 else loss).backward()
-        loss_sum += loss_value
+    passes = scaler.low_precision(model) if scaler is not None else contextlib.nullcontext()
+    with passes:
+        # (B, T) -> k x (B / k, T)
+        for x_micro, y_micro in zip(np.split(x, k), np.split(y, k), strict=True):
+            _, loss = model(x_micro, y_micro)  # host arrays: the model checks and moves them
+            loss_value = loss.item()
+            if not math.isfinite(loss_value):
+                raise TrainingDiverged(
+                    f"the loss is {loss_value} at step {step}: training stopped before that "
+                    f"step changed the weights (try a lower --lr or a longer warmup)"
+                )
+            # subtle: 1/k on each equal micro-batch makes the summed gradient the batch's mean
+            loss = loss * (1.0 / k) if k > 1 else loss
+            if scaler is not None:
+                scaler.backward(loss, params)
+            else:
+                loss.backward()
+            loss_sum += loss_value
     loss_value = loss_sum / k
     if dist is not None:
         loss_value = dist.average_gradients(params, loss_value)
+    if scaler is not None and not scaler.update(params):  # an overflow: skip this step
+        return loss_value
     if cfg.grad_clip > 0:
         # subtle: in the model's order: the norm's float sum, and so the losses, depend on it
         clip_grad_norm_(params, cfg.grad_clip)

@@ -35,7 +35,11 @@ rows, and a resume with another N continues the same stream of windows, grouped 
 wide per step (the same run wherever N * grad_accum_steps stays the same). Rank 0 alone
 evaluates, logs, draws the bar and writes the checkpoints.
 
-Left out on purpose: mixed precision, several GPUs, dropout under --ddp (each rank would
+With ``--dtype=float16`` the weights and AdamW's state stay float32 while the forward and
+backward passes run in float16 on a scaled loss (decoder.mixed_precision); each log row
+carries the loss scale and the steps skipped for an overflow.
+
+Left out on purpose: several GPUs, dropout under --ddp (each rank would
 draw the same masks), and keeping the best checkpoint (the newest is kept). Follows
 nanoGPT's ``train.py``.
 """
@@ -82,6 +86,7 @@ from decoder.config import (
     device_or_cpu,
 )
 from decoder.data import TokenDataset, load_shakespeare, load_text
+from decoder.mixed_precision import LOW_PRECISION, LossScaler
 from decoder.model import Decoder
 from decoder.moe import expert_postfix
 from decoder.rundir import claim_dir
@@ -289,6 +294,7 @@ class Run:
     saved_step: int | None = None  # the step of the newest checkpoint on disk
     losses: dict[str, float] = field(default_factory=dict)  # the last evaluation's
     dist: DataParallel | None = None  # this process's rank in a data-parallel run
+    scaler: LossScaler | None = None  # the loss scale of a mixed-precision run
 
     @property
     def is_main(self) -> bool:
@@ -353,6 +359,7 @@ def start_run(
         rngs={"batches": np.random.default_rng(train_cfg.seed), **generators(model)},
         extra={"data_sha256": fingerprint, "data_path": data_path},
         dist=dist,
+        scaler=LossScaler(train_cfg.dtype) if train_cfg.dtype in LOW_PRECISION else None,
     )
     if ckpt is None:
         say(f"training {model.num_parameters():,} parameters; the run directory is {out_dir}")
@@ -380,6 +387,8 @@ def _restore(run: Run, ckpt: Checkpoint) -> None:
         rng.bit_generator.state = ckpt.rng[name]  # subtle: in place: the model holds them
     run.step = run.saved_step = ckpt.step
     run.elapsed = ckpt.extra.get("elapsed_s", 0.0)
+    if run.scaler is not None:
+        run.scaler.load_state_dict(ckpt.extra["loss_scaler"])
     if not run.is_main:
         return
     # keep the log rows up to the checkpoint (a run that died later may have written more)
@@ -407,9 +416,14 @@ def save(run: Run) -> None:
             tokenizer=run.tokenizer.to_dict(),
             optimizer_state=optimizer_state,
             rng={name: rng.bit_generator.state for name, rng in run.rngs.items()},
-            extra={**run.extra, "elapsed_s": run.elapsed},
+            extra={**run.extra, "elapsed_s": run.elapsed, **_scaler_state(run)},
         )
     run.saved_step = run.step
+
+
+def _scaler_state(run: Run) -> dict[str, Any]:
+    """What a checkpoint keeps of the loss scale: nothing outside mixed precision."""
+    return {"loss_scaler": run.scaler.state_dict()} if run.scaler is not None else {}
 
 
 def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:
@@ -432,6 +446,8 @@ def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:
         "time": run.elapsed,
         **(router or {}),  # aux_loss and expert_share, for a mixture of experts
     }
+    if run.scaler is not None:
+        row.update(loss_scale=run.scaler.scale, skipped_steps=run.scaler.skipped)
     append_log(run.out_dir, row)
     plot_losses(run.out_dir, title=f"{run.model.num_parameters():,} parameters")
 
@@ -528,7 +544,9 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                 x, y = run.data.get_batch("train", B * ranks, T, run.rngs["batches"])
                 if run.dist is not None:  # (B * ranks, T) -> (B, T): this rank's share
                     x, y = x[run.dist.rows(B)], y[run.dist.rows(B)]
-                loss = train_step(run.model, run.optimizer, x, y, cfg, run.step + 1, run.dist)
+                loss = train_step(
+                    run.model, run.optimizer, x, y, cfg, run.step + 1, run.dist, run.scaler
+                )
                 losses.append(loss)
                 run.step += 1
 
@@ -544,6 +562,7 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                         tok_s=f"{tokens_per_s:,.0f}",
                         lr=f"{lr:.2e}",
                         **expert_postfix(run.model.router_stats()),
+                        **({"scale": f"{run.scaler.scale:g}"} if run.scaler else {}),
                     )
                 bar.update(1)
 

@@ -2,11 +2,21 @@
 input dtype; decoder.mixed_precision's loss scaling skips exactly an overflowing step and
 recovers; a short float16 run ends within a small margin of float32's."""
 
+import json
+
 import numpy as np
 import pytest
 
 import minigrad as mg
 import minigrad.functional as F
+from decoder.config import ModelConfig, TrainConfig, build_configs
+from decoder.mixed_precision import LossScaler
+from decoder.model import Decoder
+from decoder.step import train_step
+from decoder.train import train
+from minigrad.optim import AdamW, param_groups_for_decay
+
+from .test_train import TEXT
 
 # op, its arguments' shapes after x, whether the output keeps x's dtype (the loss is float32)
 OPS = {
@@ -49,3 +59,84 @@ def test_float16_rows_longer_than_float16_can_sum():
     y = F.layer_norm(mg.Tensor(row)).data
     assert np.isfinite(y).all() and abs(float(y.astype(np.float32).std()) - 1) < 1e-2
     assert np.isfinite(F.rms_norm(mg.Tensor(row)).data).all()
+
+
+# ---- loss scaling -------------------------------------------------------------------------------
+MODEL = ModelConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
+OVERFLOW = 2.0**19  # the smallest power of two whose scaled gradients overflow float16 here
+
+
+def stepper():
+    mg.manual_seed(0)
+    model = Decoder(MODEL)
+    optimizer = AdamW(param_groups_for_decay(model, 0.1), lr=1e-2)
+    scaler = LossScaler("float16", init_scale=OVERFLOW / 2)
+    batches = np.random.default_rng(1).integers(0, MODEL.vocab_size, size=(3, 2, 4, 8))
+
+    def step(i: int) -> list[np.ndarray]:
+        x, y = batches[i]
+        train_step(model, optimizer, x, y, TrainConfig(dtype="float16"), i + 1, scaler=scaler)
+        return [p.data.copy() for p in model.parameters()]
+
+    return step, scaler, optimizer
+
+
+def test_an_overflowing_step_is_skipped_and_the_next_one_taken():
+    step, scaler, optimizer = stepper()
+    after_1 = step(0)
+    assert all(p.dtype == np.float32 for p in after_1)  # the masters stay float32
+    scaler.scale = OVERFLOW  # forced: this step's scaled gradients overflow float16
+    after_2 = step(1)
+    assert scaler.skipped == 1 and scaler.scale == OVERFLOW / 2 and scaler.clean_steps == 0
+    for a, b in zip(after_1, after_2, strict=True):
+        np.testing.assert_array_equal(a, b)  # the weights did not move
+    assert all(s["step"] == 1 for s in optimizer.state.values())  # nor did AdamW's state
+    after_3 = step(2)
+    assert scaler.skipped == 1 and all(s["step"] == 2 for s in optimizer.state.values())
+    # the recovered step is the step the run takes when step 2 never happened
+    reference, _, _ = stepper()
+    reference(0)
+    for a, b in zip(after_3, reference(2), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert all(not np.array_equal(a, b) for a, b in zip(after_2, after_3, strict=True))
+
+
+def test_the_scale_grows_after_growth_interval_clean_steps():
+    scaler = LossScaler("float16", init_scale=8.0, growth_interval=2)
+    ok = [mg.Tensor(np.zeros(2, np.float32), requires_grad=True)]
+    ok[0].grad = np.ones(2, np.float32)
+    assert scaler.update(ok) and scaler.scale == 8.0
+    assert scaler.update(ok) and scaler.scale == 16.0 and scaler.clean_steps == 0
+    ok[0].grad[1] = np.nan
+    assert not scaler.update(ok) and scaler.scale == 8.0 and scaler.skipped == 1
+
+
+def test_float16_is_refused_where_it_is_not_a_low_precision():
+    with pytest.raises(ValueError, match="'bfloat16' is not one of"):
+        LossScaler("bfloat16")
+    with pytest.raises(ValueError, match="dtype='bfloat16' is not one of"):
+        TrainConfig(dtype="bfloat16")
+
+
+@pytest.fixture
+def _token_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "cache"))  # keep ids out of ~/.cache
+
+
+def run_configs(dtype: str):
+    settings = dict(max_iters=16, warmup_iters=2, eval_interval=8, eval_iters=2, block_size=16)
+    return build_configs("tiny", **settings, batch_size=4, sample_tokens=0, dtype=dtype)
+
+
+@pytest.mark.usefixtures("_token_cache")
+def test_a_float16_run_ends_near_float32_and_resumes_exactly(tmp_path):
+    single = train(*run_configs("float32"), TEXT, tmp_path / "f32", progress=False)
+    whole = train(*run_configs("float16"), TEXT, tmp_path / "f16", progress=False)
+    assert whole["losses"][-1] < whole["losses"][0] - 0.3  # it learns
+    assert abs(whole["val_loss"] - single["val_loss"]) < 0.02, (whole, single)
+    np.testing.assert_allclose(whole["losses"], single["losses"], atol=0.02)
+    rows = [json.loads(line) for line in (tmp_path / "f16" / "log.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss_scale"] == 2.0**16 and rows[-1]["skipped_steps"] == 0
+    first = train(*run_configs("float16"), TEXT, tmp_path / "split", progress=False, until=5)
+    rest = train(*run_configs("float16"), TEXT, tmp_path / "split", resume=True, progress=False)
+    assert first["losses"] + rest["losses"] == whole["losses"]  # bitwise

@@ -32,6 +32,7 @@ Follows the layouts of Hugging Face transformers' ``modeling_gpt2.py`` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -46,7 +47,7 @@ from decoder.config import ModelConfig
 from decoder.model import Decoder
 from minigrad.backend import to_numpy
 from minigrad.fileio import atomic_write
-from minigrad.serialization import open_safetensors, save_safetensors
+from minigrad.serialization import SafetensorsFile, open_safetensors, save_safetensors
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 TOKENIZER_JSON = "tokenizer.json"
@@ -466,50 +467,52 @@ def load_weights(model: Decoder, directory: Path, family: str) -> None:
     PretrainedError and leaves the model as it was.
     """
     params = dict(model.named_parameters())  # the tied lm_head appears once, as tok_emb
-    mapping = name_map(list(params), family, model.config.n_layer)
     rows = model.config.block_size
-    files, opened = {}, []  # their name -> the open file holding it; every open file
+    with contextlib.ExitStack() as stack:
+        files = _open_weights(directory, stack)
+        prefixed = family == "gpt2" and any(n.startswith(GPT2_PREFIX) for n in files)
+        mapping = {
+            ours: (GPT2_PREFIX + theirs if prefixed and theirs != "lm_head.weight" else theirs, how)
+            for ours, (theirs, how) in name_map(list(params), family, model.config.n_layer).items()
+        }
+        wanted = {theirs for theirs, _ in mapping.values()}
+        missing = sorted(wanted - set(files))
+        # a tied model's lm_head.weight, when a checkpoint carries it, is tok_emb's again
+        tied_head = {"lm_head.weight"} if model.config.tie_weights else set()
+        unexpected = sorted(
+            n for n in set(files) - wanted - tied_head if not BUFFER_NAMES.search(n)
+        )
+        if missing or unexpected:
+            raise PretrainedError(
+                f"{directory}: the weights do not match config.json: missing {missing}, "
+                f"unexpected {unexpected}"
+            )
+        for ours, (theirs, layout) in mapping.items():
+            # subtle: a zero-strided stand-in gives to_ours' shape without reading the tensor
+            stand_in = np.broadcast_to(np.empty(()), files[theirs].shape(theirs))
+            shape = to_ours(stand_in, layout, rows).shape
+            if shape != params[ours].shape:
+                raise PretrainedError(
+                    f"{theirs} has shape {files[theirs].shape(theirs)}, which gives {ours} the "
+                    f"shape {shape}, but config.json makes it {params[ours].shape}: the weights "
+                    f"belong to another config"
+                )
+        for ours, (theirs, layout) in mapping.items():
+            params[ours].data[...] = to_ours(files[theirs][theirs], layout, rows)  # to float32
+            files[theirs].release(theirs)  # its pages leave memory: one tensor's at a time
+
+
+def _open_weights(directory: Path, stack: contextlib.ExitStack) -> dict[str, SafetensorsFile]:
+    """Each tensor's name -> its open (memory-mapped) file, the shards checked against the
+    index; ``stack`` closes the files."""
+    files = {}
     for shard, listed in weight_files(directory).items():
-        f = open_safetensors(directory / shard)
-        opened.append(f)
+        f = stack.enter_context(open_safetensors(directory / shard))
         absent = sorted(set(listed or ()) - set(f))
         if absent:
             raise PretrainedError(f"{directory / INDEX} puts {absent} in {shard}, which lacks them")
         files.update(dict.fromkeys(f, f))
-    prefix = (
-        GPT2_PREFIX if family == "gpt2" and any(n.startswith(GPT2_PREFIX) for n in files) else ""
-    )
-    wanted = {prefix + theirs for theirs, _ in mapping.values() if theirs != "lm_head.weight"}
-    wanted |= {"lm_head.weight"} & {theirs for theirs, _ in mapping.values()}
-    missing = sorted(wanted - set(files))
-    # a tied model's lm_head.weight, when a checkpoint carries it, is tok_emb's again
-    unexpected = sorted(
-        n for n in set(files) - wanted
-        if not BUFFER_NAMES.search(n) and not (n == "lm_head.weight" and model.config.tie_weights)
-    )  # fmt: skip
-    if missing or unexpected:
-        raise PretrainedError(
-            f"{directory}: the weights do not match config.json: missing {missing}, "
-            f"unexpected {unexpected}"
-        )
-    for ours, (theirs, layout) in mapping.items():
-        if theirs != "lm_head.weight":
-            theirs = prefix + theirs
-        # subtle: a zero-strided stand-in gives to_ours' shape without reading the tensor
-        stand_in = np.broadcast_to(np.empty(()), files[theirs].shape(theirs))
-        shape = to_ours(stand_in, layout, rows).shape
-        if shape != params[ours].shape:
-            raise PretrainedError(
-                f"{theirs} has shape {files[theirs].shape(theirs)}, which gives {ours} the shape "
-                f"{shape}, but config.json makes it {params[ours].shape}: the weights belong "
-                f"to another config"
-            )
-        mapping[ours] = (theirs, layout)
-    for ours, (theirs, layout) in mapping.items():
-        params[ours].data[...] = to_ours(files[theirs][theirs], layout, rows)  # to float32
-        files[theirs].release(theirs)  # its pages leave memory: one tensor's at a time
-    for f in opened:
-        f.close()
+    return files
 
 
 def from_pretrained(

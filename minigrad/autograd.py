@@ -100,13 +100,16 @@ class Function:
     return None for an input that needs no gradient (see ``ctx.needs_input_grad``).
     """
 
-    @staticmethod
-    def forward(ctx: Context, *arrays: Any, **params: Any) -> Any:
-        raise NotImplementedError
+    # classmethods here only so the error can name the subclass; subclasses write staticmethods
+    @classmethod
+    def forward(cls, ctx: Context, *arrays: Any, **params: Any) -> Any:
+        raise NotImplementedError(f"{cls.__name__} defines no forward(ctx, *arrays)")
 
-    @staticmethod
-    def backward(ctx: Context, grad_out: Any) -> Any:
-        raise NotImplementedError
+    @classmethod
+    def backward(cls, ctx: Context, grad_out: Any) -> Any:
+        raise NotImplementedError(
+            f"{cls.__name__} defines no backward(ctx, grad_out): add one to differentiate it"
+        )
 
     @classmethod
     def apply(cls, *inputs: Tensor, **params: Any) -> Tensor:

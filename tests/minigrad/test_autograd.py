@@ -144,6 +144,22 @@ def test_integer_tensor_cannot_require_grad():
         mg.arange(3).requires_grad_()
 
 
+def test_a_function_without_forward_or_backward_names_itself_and_the_method():
+    class Half(mg.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x / 2
+
+    class Empty(mg.autograd.Function):
+        pass
+
+    y = Half.apply(_leaf(1.0, 2.0)).sum()
+    with pytest.raises(NotImplementedError, match=r"Half defines no backward\(ctx, grad_out\)"):
+        y.backward()
+    with pytest.raises(NotImplementedError, match=r"Empty defines no forward\(ctx, \*arrays\)"):
+        Empty.apply(_leaf(1.0))
+
+
 # ---- backward's arguments and graph freeing --------------------------------------------------
 def test_backward_on_a_non_scalar_needs_a_gradient():
     x = _leaf(1.0, 2.0)

@@ -174,8 +174,18 @@ class Tensor:
         return to_numpy(self.data)
 
     def item(self) -> float | int | bool:
+        return self._only_element("item()")
+
+    def __float__(self) -> float:
+        return float(self._only_element("float()"))
+
+    def __int__(self) -> int:
+        return int(self._only_element("int()"))  # truncates toward zero, as int(2.7) and torch
+
+    def _only_element(self, caller: str) -> float | int | bool:
+        """The one element as a Python number, of any shape (as torch: (1, 1) passes too)."""
         if self.size != 1:
-            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+            raise ValueError(f"{caller} needs a tensor with one element, got shape {self.shape}")
         return self.data.item()
 
     def tolist(self) -> Any:

@@ -314,6 +314,8 @@ NOT_OPS = {
     "__repr__": "printing",
     "__len__": "the length of the first axis",
     "__bool__": "conversion to a Python bool",
+    "__float__": "conversion to a Python float (tested in test_tensor against torch)",
+    "__int__": "conversion to a Python int (tested in test_tensor against torch)",
     "__hash__": "identity hashing",
 }
 

@@ -73,6 +73,30 @@ def test_truth_value():
         bool(mg.tensor([1.0, 2.0]))
 
 
+@pytest.mark.parametrize("convert", [float, int, bool])
+@pytest.mark.parametrize(
+    "data",
+    [2.7, -2.7, -0.0, [[5.0]], np.nan, np.inf, [3], True, [], [1.0, 2.0], np.zeros((1, 0))],
+    ids=repr,
+)
+def test_python_number_conversion_matches_torch(convert, data):
+    """float(), int() and bool() as torch: one element of any shape (0-d, (1,), (1, 1)),
+    truncating toward zero; NaN and inf refused by int() as Python refuses them; several
+    elements or none refused with an error naming the shape."""
+    torch = pytest.importorskip("torch")
+    try:
+        want = convert(torch.tensor(np.asarray(data)))
+    except (RuntimeError, ValueError, OverflowError) as e:
+        error = type(e) if isinstance(e, OverflowError) else ValueError
+        with pytest.raises(error, match=r"cannot convert|needs a tensor with one element|ambig"):
+            convert(mg.tensor(np.asarray(data)))
+        return
+    got = convert(mg.tensor(np.asarray(data)))
+    assert type(got) is type(want)
+    assert got == want or (np.isnan(got) and np.isnan(want))
+    assert np.copysign(1, got) == np.copysign(1, want)
+
+
 def test_comparisons_are_elementwise_and_hashing_is_by_identity():
     x = mg.tensor([1.0, 2.0, 3.0])
     y = mg.tensor([3.0, 2.0, 1.0])

@@ -15,7 +15,10 @@ Loading takes three explicit steps, each refusing what it cannot honour by name:
    layers with our layout, and rotate-half RoPE as ours (decoder/positional.py).
 3. The weights are read through a memory map (``minigrad.serialization.open_safetensors``)
    and copied one tensor at a time into the model, converted to float32 (bfloat16 by its
-   bits), so the process never holds the file's weights and the model's at once.
+   bits), so the process never holds the file's weights and the model's at once. Measured
+   on GPT-2 small (475 MiB of float32 weights): copying peaks 147 MiB (its largest tensor,
+   the token embedding) above the built model, from float32 or bfloat16 files. Building the
+   ``Decoder`` first peaks at twice its weights: its random init draws float64 normals.
 
 ``save_pretrained`` writes the same layout back for a model the format can express, so
 ``transformers`` loads it. ``resolve_source`` turns a hub name (``gpt2``) into a directory

@@ -134,6 +134,17 @@ def test_logits_and_greedy_generation_match_transformers(tf, tmp_path, kind, dty
     assert list(ours.generate(prompt, N_NEW, temperature=0, use_cache=False)) == expected
 
 
+def test_float16_weights_load_as_float32(tf, tmp_path):
+    import torch
+
+    model = hf_model(tf, "llama").to(torch.float16)
+    model.save_pretrained(tmp_path)
+    ours = Decoder.from_pretrained(tmp_path)
+    assert ours.tok_emb.weight.dtype == np.float32
+    ids = np.arange(12)[None]
+    np.testing.assert_allclose(ours(ids)[0].data, hf_logits(model.float(), ids), atol=2e-5)
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2"])
 def test_a_model_we_save_loads_in_transformers(tf, tmp_path, kind):
     model = hf_model(tf, kind)

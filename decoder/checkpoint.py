@@ -312,7 +312,9 @@ def _read_json(path: Path) -> Any:
 
 
 def _check_rng(rng: Any, source: Path) -> None:
-    """Raise CheckpointError unless each saved generator state can be restored.
+    """Raise CheckpointError unless each saved generator state can be restored into the kind
+    of generator a run draws from (``np.random.default_rng``'s PCG64): a valid state of another
+    kind (MT19937) would fail only at the restore, with NumPy's traceback.
 
     >>> _check_rng({"batches": {"bit_generator": "PCG64", "state": "?"}}, Path("s.json"))
     ... # doctest: +ELLIPSIS
@@ -323,11 +325,15 @@ def _check_rng(rng: Any, source: Path) -> None:
     if not isinstance(rng, dict):
         raise CheckpointError(f"{source}: 'rng' is a {type(rng).__name__}, not generator states")
     for name, saved in rng.items():
+        bit_generator = np.random.default_rng().bit_generator
+        kind = type(bit_generator).__name__
         try:
-            kind = getattr(np.random, saved["bit_generator"])
-            if not (isinstance(kind, type) and issubclass(kind, np.random.BitGenerator)):
-                raise ValueError(f"{saved['bit_generator']!r} is not a NumPy bit generator")
-            kind().state = saved  # NumPy checks every field as it restores them
+            if saved["bit_generator"] != kind:
+                raise ValueError(
+                    f"it is a {saved['bit_generator']!r} state, but a run's generators are "
+                    f"{kind} (np.random.default_rng)"
+                )
+            bit_generator.state = saved  # NumPy checks every field as it restores them
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise CheckpointError(
                 f"{source}: the state of generator {name!r} is damaged ({type(e).__name__}: "

@@ -273,6 +273,14 @@ def test_a_step_that_is_not_a_count_is_refused(saved, step):
         load_checkpoint(run)
 
 
+def _replace_with_mt19937(saved: dict) -> None:
+    """A valid state of another kind of generator (restoring it gave NumPy's traceback)."""
+    state = np.random.MT19937(0).state
+    state["state"]["key"] = state["state"]["key"].tolist()  # as JSON holds it
+    saved.clear()
+    saved.update(state)
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -281,6 +289,7 @@ def test_a_step_that_is_not_a_count_is_refused(saved, step):
         lambda s: s.update(bit_generator="NoSuchGenerator"),
         lambda s: s.update(bit_generator="default_rng"),  # a NumPy name, not a bit generator
         lambda s: s["state"].update(state=2**200),  # beyond the generator's 128 bits
+        lambda s: _replace_with_mt19937(s),
     ],
 )
 def test_a_corrupt_rng_state_is_named(saved, damage):

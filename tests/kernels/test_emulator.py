@@ -2,8 +2,8 @@
 
 Holds small kernels that exercise the built-in variables, dynamic shared memory, barriers and
 warp shuffles against NumPy answers; one test per rule a GPU enforces (block size, shared
-memory and its opt-in, a __syncthreads some threads skip, argument types, static __shared__
-arrays); the cache (a second build of the same source compiles nothing); and the sanitizer
+memory and its opt-in, a __syncthreads some threads skip or two barriers reached apart,
+shuffle widths and missing lanes, argument types, static __shared__ arrays); the cache (a second build of the same source compiles nothing); and the sanitizer
 builds: AddressSanitizer stops an out-of-bounds shared-memory index, ThreadSanitizer reports
 a kernel that lacks a barrier, so the race-free check of the flash kernels can fail.
 
@@ -68,8 +68,19 @@ extern "C" __global__ void shuffle_xor(float* y, int lane_mask, int width) {
     y[threadIdx.x] = __shfl_xor_sync(0xffffffffu, y[threadIdx.x], lane_mask, width);
 }
 """
+# Odd and even threads wait at two different barriers: undefined on a GPU.
+TWO_BARRIERS = r"""
+extern "C" __global__ void two_barriers(float* y) {
+    if (threadIdx.x % 2) {
+        __syncthreads();
+    } else {
+        __syncthreads();
+    }
+    y[threadIdx.x] = 1.0f;
+}
+"""
 # One source for the tests below, so the suite builds it once.
-KERNELS = REVERSE + SKIPS_BARRIER + SHUFFLE_XOR
+KERNELS = REVERSE + SKIPS_BARRIER + SHUFFLE_XOR + TWO_BARRIERS
 
 
 def reverse_pairs_expected(x: np.ndarray, block: int) -> np.ndarray:
@@ -129,6 +140,13 @@ def test_refuses_a_barrier_that_some_threads_never_reach():
         emulator.EmulatorError, match="__syncthreads on line 16: some threads wait there"
     ):
         kernel((1,), (64,), (y, np.int32(40)), shared_mem=256)
+
+
+def test_refuses_threads_waiting_at_different_barriers():
+    kernel = emulator.RawKernel(KERNELS, "two_barriers")
+    y = np.zeros(64, dtype=np.float32)
+    with pytest.raises(emulator.EmulatorError, match="wait at the same time: threads of one block"):
+        kernel((1,), (64,), (y,))
 
 
 def test_shuffle_exchanges_among_the_lanes_it_names():

@@ -3,9 +3,10 @@
 Holds small kernels that exercise the built-in variables, dynamic shared memory, barriers and
 warp shuffles against NumPy answers; one test per rule a GPU enforces (block size, shared
 memory and its opt-in, a __syncthreads some threads skip or two barriers reached apart,
-shuffle widths and missing lanes, argument types, static __shared__ arrays); the cache (a second build of the same source compiles nothing); and the sanitizer
-builds: AddressSanitizer stops an out-of-bounds shared-memory index, ThreadSanitizer reports
-a kernel that lacks a barrier, so the race-free check of the flash kernels can fail.
+shuffle widths and missing lanes, argument types, static __shared__ arrays); the cache (a
+second build of the same source compiles nothing); and the sanitizer builds:
+AddressSanitizer stops an out-of-bounds shared-memory index, ThreadSanitizer reports a kernel
+that lacks a barrier, so the race-free check of the flash kernels can fail.
 
 Leaves out the flash kernels (test_flash_attention_emulated.py). Skips without a C++20
 compiler, saying so.

@@ -21,6 +21,8 @@ Left out on purpose: adapters on Embedding layers, and quantised bases (QLoRA).
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +30,7 @@ import numpy as np
 
 from minigrad import creation
 from minigrad.backend import to_device, to_numpy, xp_of
+from minigrad.functional.dropout import check_p
 from minigrad.nn.layers import Dropout, Linear
 from minigrad.nn.module import Module, Parameter
 from minigrad.tensor import Tensor
@@ -66,8 +69,7 @@ class LoRALinear(Module):
         super().__init__()
         if not isinstance(base, Linear):
             raise TypeError(f"LoRA wraps a Linear, got {type(base).__name__}")
-        if not (isinstance(r, int) and r >= 1):
-            raise ValueError(f"LoRA rank r must be a positive integer, got {r!r}")
+        _check_settings(r, alpha, dropout)
         self.base = base.requires_grad_(False)  # frozen: only the adapter trains
         self.r, self.alpha, self.scale = r, alpha, alpha / r
         self.merged = False
@@ -201,6 +203,23 @@ def _lora_modules(model: Module) -> list[tuple[str, Module, str, LoRALinear]]:
     ]
 
 
+def _check_settings(r: Any, alpha: Any, dropout: Any) -> None:
+    """Raise a ValueError naming the first LoRA setting out of its range.
+
+    >>> _check_settings(8, float("nan"), 0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: LoRA alpha must be a finite number (the scale is alpha / r), got nan
+    """
+    if not (isinstance(r, int) and not isinstance(r, bool) and r >= 1):
+        raise ValueError(f"LoRA rank r must be a positive integer, got {r!r}")
+    if not (isinstance(alpha, numbers.Real) and math.isfinite(alpha)):
+        raise ValueError(
+            f"LoRA alpha must be a finite number (the scale is alpha / r), got {alpha!r}"
+        )
+    check_p(dropout, "LoRA", "dropout")
+
+
 def apply_lora(
     model: Module,
     targets: Sequence[str] = ("wq", "wv"),
@@ -241,6 +260,7 @@ def apply_lora(
             f"apply_lora: no Linear layer is named one of {tuple(targets)}; "
             f"the model's Linear layers are named {sorted(linears)}"
         )
+    _check_settings(r, alpha, dropout)
     heads = {}
     for dotted, _, name, child in found:
         if per_head:

@@ -238,3 +238,15 @@ def test_apply_lora_errors():
         apply_lora(build(), per_head=True, n_head={"wq": 4})
     with pytest.raises(ValueError, match="rank r must be a positive integer"):
         LoRALinear(nn.Linear(2, 2), r=0, alpha=1)
+    with pytest.raises(ValueError, match="LoRA alpha must be a finite number"):
+        LoRALinear(nn.Linear(2, 2), r=1, alpha=float("nan"))
+    for bad, match in [
+        (dict(r=0), "rank r must be a positive integer"),
+        (dict(r=True), "rank r must be a positive integer"),
+        (dict(alpha=float("inf")), "LoRA alpha must be a finite number"),
+        (dict(dropout=float("nan")), r"LoRA: dropout must be in \[0, 1\], got nan"),
+    ]:
+        model = build()
+        with pytest.raises(ValueError, match=match):
+            apply_lora(model, **bad)
+        assert model.num_parameters(trainable_only=True) == model.num_parameters()  # untouched

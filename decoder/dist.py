@@ -205,6 +205,11 @@ class DataParallel:
                 }
         optimizer.state = kept
 
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (a Ctrl-C seen by one rank stops them all at
+        the same step: a rank that stopped alone would leave the others in a collective)."""
+        return bool(self.comm.allreduce(bool(flag), op=self.mpi.LOR))
+
     # ---- failure -----------------------------------------------------------------------------
     def abort(self, code: int) -> None:
         """End every rank of the job with ``code``: a rank that stops alone leaves the others

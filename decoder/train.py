@@ -574,16 +574,21 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                             f"step {run.step}: train loss {run.losses['train']:.4f}, "
                             f"val loss {run.losses['val']:.4f}"
                         )
-                if interrupt.requested or run.step == until:
+                stop = interrupt.requested
+                if run.dist is not None:  # all ranks stop at one step, or a collective hangs
+                    stop = run.dist.any(stop)
+                if stop or run.step == until:
                     if run.saved_step != run.step:
                         save(run)
-                    if interrupt.requested:
+                    if stop:
                         raise KeyboardInterrupt
                     break
         except TrainingDiverged as e:
             raise TrainingDiverged(f"{e}; {run.kept()}") from None
         except KeyboardInterrupt:
             bar.close()
+            if not run.is_main:  # rank 0 says it
+                raise
             if run.saved_step == run.step:
                 print(
                     f"\ninterrupted at step {run.step}: checkpoint saved in {run.out_dir}\n"
@@ -751,7 +756,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with dist.abort_on_failure():
         code = _run(args, rest, dist)
-    if code != 0:  # the other ranks would wait for this one for ever
+    # subtle: a Ctrl-C stops every rank after the same step (DataParallel.any), so all of them
+    # end with 130 by themselves; an abort then would kill rank 0 while it writes the checkpoint
+    if code not in (0, 130):  # the other ranks would wait for this one for ever
         dist.abort(code)
     return code
 

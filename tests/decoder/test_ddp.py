@@ -107,6 +107,8 @@ def _steps_case(out: Path) -> None:
             for i, s in optimizer.state_dict()["state"].items():
                 for sname, value in s.items():
                     results[f"one.state.{i}.{sname}"] = np.asarray(value)
+    # a Ctrl-C seen by rank 1 alone must stop rank 0 too
+    results["any"] = np.array([dist.any(dist.rank == 1), dist.any(False)])
     if dist.is_main:
         np.savez(out / "steps.npz", **results)
 
@@ -167,6 +169,11 @@ def test_zero_keeps_half_the_optimiser_state_per_rank_and_gathers_it_whole(steps
     for key in gathered:
         reference = steps[key.replace("zero.gathered.", "one.state.")]
         np.testing.assert_allclose(steps[key], reference, rtol=1e-12, atol=1e-18, err_msg=key)
+
+
+@needs_mpi
+def test_a_flag_raised_on_one_rank_is_seen_on_every_rank(steps):
+    assert steps["any"].tolist() == [True, False]
 
 
 @needs_mpi

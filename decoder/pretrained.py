@@ -190,6 +190,12 @@ def config_from_hf(hf: Mapping[str, Any]) -> tuple[ModelConfig, str]:
     """Translate a Hugging Face ``config.json`` into a ModelConfig: (config, family).
 
     Raises PretrainedError naming the architecture or the first field we cannot honour.
+
+    >>> gpt2 = {"architectures": ["GPT2LMHeadModel"], "vocab_size": 50257, "n_positions": 1024,
+    ...         "n_layer": 12, "n_head": 12, "n_embd": 768}
+    >>> config, family = config_from_hf(gpt2)
+    >>> family, config.pos, config.bias, config.ffn_hidden, config.dropout
+    ('gpt2', 'learned', True, 3072, 0.1)
     """
     archs = hf.get("architectures") or []
     known = [a for a in archs if a in ARCHITECTURES]
@@ -553,7 +559,10 @@ def load_pretrained(
     directory = resolve_source(source)
     model = from_pretrained(directory, device, block_size)
     if model.config.pos == "learned":  # GPT-2's byte-level BPE is tiktoken's gpt2 encoding
-        tokenizer = TiktokenTokenizer("gpt2")
+        try:
+            tokenizer = TiktokenTokenizer("gpt2")
+        except RuntimeError as e:  # offline: the message says what to download, and where
+            raise PretrainedError(str(e)) from e
     else:
         tokenizer = HFTokenizer(directory / TOKENIZER_JSON)
     if tokenizer.vocab_size > model.config.vocab_size:

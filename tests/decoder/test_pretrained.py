@@ -261,6 +261,31 @@ def test_the_hub_gpt2_layout_loads_with_conv1d_transposed_and_c_attn_split(tmp_p
     np.testing.assert_array_equal(attn.wv.weight.data, [[4, 10], [5, 11]])
 
 
+def test_gpt2_uses_tiktokens_gpt2_encoding_and_offline_says_what_to_download(
+    tmp_path, monkeypatch, capsys
+):
+    import decoder.tokenizer
+
+    write_model(tmp_path, GPT2_CONFIG, gpt2_arrays())
+    names = []
+
+    class FakeTiktoken:  # stands in for tiktoken's gpt2 files, which tests never download
+        vocab_size = 5
+
+        def __init__(self, name):
+            names.append(name)
+
+    monkeypatch.setattr(decoder.tokenizer, "TiktokenTokenizer", FakeTiktoken)
+    assert isinstance(load_pretrained(tmp_path)[1], FakeTiktoken) and names == ["gpt2"]
+
+    def offline(name):
+        raise RuntimeError("could not download the files of tiktoken's 'gpt2' encoding")
+
+    monkeypatch.setattr(decoder.tokenizer, "TiktokenTokenizer", offline)
+    assert generate_cli.main(["--from-pretrained", str(tmp_path), "--max-new-tokens", "1"]) == 2
+    assert "could not download the files of tiktoken's 'gpt2'" in capsys.readouterr().err
+
+
 def test_a_shape_that_does_not_match_the_config_is_refused(tmp_path):
     write_model(tmp_path, {**GPT2_CONFIG, "vocab_size": 6}, gpt2_arrays())
     with pytest.raises(PretrainedError, match=r"wte.weight has shape \(5, 2\).*makes it \(6, 2\)"):

@@ -109,17 +109,15 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     return build_configs(args.preset, **extra)
 
 
-def our_gelu(model_cfg: ModelConfig) -> str | None:
-    """The ``approximate`` of our model's GELU for this config (None: no GELU, e.g. SwiGLU)."""
-    from decoder.model import Decoder
-
-    act = getattr(Decoder(model_cfg).blocks[0].ffn, "act", None)
+def our_gelu(model) -> str | None:
+    """The ``approximate`` of our Decoder's GELU (None: it has none, e.g. a SwiGLU)."""
+    act = getattr(model.blocks[0].ffn, "act", None)
     return getattr(act, "approximate", None)
 
 
-def recipe_differences(preset: str) -> list[str]:
-    """Where the preset's own settings (before this run's --iters) differ from nanoGPT's
-    recipe, one line each; empty when they are the same. The preset must be in NANOGPT."""
+def recipe_differences(preset: str, gelu: str | None) -> list[str]:
+    """Where the preset's own settings (before this run's --iters) and our GELU form ``gelu``
+    differ from nanoGPT's recipe, one line each. The preset must be in NANOGPT."""
     model_cfg, train_cfg = build_configs(preset)
     ours = {**dataclasses.asdict(model_cfg), **dataclasses.asdict(train_cfg)}
     recipe = NANOGPT[preset]
@@ -128,7 +126,6 @@ def recipe_differences(preset: str) -> list[str]:
         for name, value in recipe.items()
         if ours[name] != value
     ]
-    gelu = our_gelu(model_cfg)
     if gelu is not None and gelu != NANOGPT_GELU:
         lines.append(f"GELU: ours approximate={gelu!r}, nanoGPT nn.GELU() (exact, erf)")
     return lines
@@ -166,7 +163,8 @@ def run_side(args: argparse.Namespace) -> dict:
         )
         assert abs(ours - get_lr(it, train_cfg)) < 1e-12, f"schedules differ at step {it}"
     mg.manual_seed(train_cfg.seed)  # our initial weights, as decoder.train makes them
-    init_state = Decoder(model_cfg).state_dict()
+    model = Decoder(model_cfg)
+    init_state = model.state_dict()
     data = TokenDataset(tokenizer.encode(text))
     result = train_reference(
         model_cfg, train_cfg, data, init_state, gelu=NANOGPT_GELU, progress=not args.quiet
@@ -174,6 +172,7 @@ def run_side(args: argparse.Namespace) -> dict:
     return {
         **{k: result[k] for k in keys},
         "threads": result["threads"],
+        "our_gelu": our_gelu(model),
         "peak_rss_mb": peak_rss_mb(),
     }
 
@@ -245,7 +244,8 @@ def report(args: argparse.Namespace, runs: dict[int, dict]) -> None:
     print(f"largest loss difference over the first {n} steps: {max(gaps):.2e}")
 
     if args.preset in NANOGPT:
-        differences = recipe_differences(args.preset)
+        gelu = next(iter(runs.values()))["torch"]["our_gelu"]
+        differences = recipe_differences(args.preset, gelu)
         if differences:
             print("our preset differs from nanoGPT's recipe (the reference follows nanoGPT):")
             print("".join(f"  {line}\n" for line in differences), end="")

@@ -126,6 +126,7 @@ class Barrier {
         if (++waiting_ == live_) {
             waiting_ = 0;
             ++generation_;
+            lock.unlock();  // waking the waiters while holding their mutex makes them queue on it
             cv_.notify_all();
             return;
         }

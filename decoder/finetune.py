@@ -11,8 +11,11 @@ Fine-tuning freezes the base model, wraps the target projections in LoRA adapter
 (minigrad.nn.lora) and trains only those, with the base run's batch size and context. It
 prints the validation loss on the new text before (the base model: LoRA's B starts at
 zero) and after, and saves only the adapters: ``adapters.safetensors`` and ``lora.json``
-(the LoRA settings, the losses, and the path of the base checkpoint), a few kilobytes
-where the base is megabytes. ``--merge`` (or the ``merge`` command) folds the adapters into
+(the LoRA settings, the losses, the path of the base checkpoint and the sha256 of its
+weights), a few kilobytes where the base is megabytes. Loading adapters refuses a base whose
+weights changed since, and names the base run's newer checkpoint when training that run
+further removed the one they were trained on (a run keeps only its newest): copy a base
+checkpoint elsewhere to keep it. ``--merge`` (or the ``merge`` command) folds the adapters into
 the base weights and writes a full checkpoint that decoder.generate reads like any other;
 for a Hugging Face base (``--from-pretrained``), a Hugging Face directory, to share.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import shutil
 import sys
@@ -45,8 +49,10 @@ from decoder.checkpoint import (
     CHECKPOINT_FILES,
     LATEST,
     CheckpointError,
+    has_checkpoint,
     load_checkpoint,
     load_model,
+    resolve_checkpoint,
     save_checkpoint,
 )
 from decoder.config import TrainConfig
@@ -61,10 +67,11 @@ from decoder.pretrained import (
 )
 from decoder.rundir import claim_dir
 from decoder.step import TrainingDiverged, estimate_loss, train_step
+from decoder.train import lr_at
 from minigrad.backend import DEVICES, reuse_freed_memory
 from minigrad.fileio import atomic_write
 from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
-from minigrad.optim import AdamW, cosine_lr, set_lr
+from minigrad.optim import AdamW, set_lr
 from minigrad.serialization import load_safetensors, save_safetensors
 
 ADAPTERS, SETTINGS, MERGED = "adapters.safetensors", "lora.json", "merged"
@@ -122,6 +129,19 @@ def finetune(
     claim = claim_dir(out_dir, (ADAPTERS, SETTINGS, MERGED), SETTINGS, overwrite=overwrite)
     with claim as out_dir:
         model, tokenizer, base_cfg, base = _load_base(checkpoint, device, pretrained, block_size)
+        # the base run's batch size, evaluation batches and clipping, with this seed and a
+        # cosine schedule from lr to lr / 10 after a tenth of the steps: TrainConfig checks
+        # lr, max_iters and seed by the rules decoder.train's settings meet
+        cfg = dataclasses.replace(
+            base_cfg,
+            seed=seed,
+            device=device,
+            lr=lr,
+            min_lr=lr / 10,
+            max_iters=max_iters,
+            warmup_iters=max_iters // 10,
+            lr_decay_iters=max_iters,
+        )
         data = TokenDataset(_encode(tokenizer, text, data_path or "the fine-tune text"))
         mg.manual_seed(seed)  # the adapters' A init and their dropout generators
         wrapped = apply_lora(
@@ -141,13 +161,11 @@ def finetune(
             f"{model.num_parameters():,} parameters"
         )
 
-        # the base run's batch size, evaluation batches and clipping, with this seed
-        cfg = dataclasses.replace(base_cfg, seed=seed, device=device)
         T = model.config.block_size
         before = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
         say(f"val loss on the new text before fine-tuning: {before:.4f}")
         t0 = time.perf_counter()
-        train_adapters(model, data, cfg, lr, max_iters, say)
+        train_adapters(model, data, cfg, say)
         after = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
         say(
             f"val loss on the new text after {max_iters} steps "
@@ -190,23 +208,33 @@ def _load_base(
         model, tokenizer = load_pretrained(source, device=device, block_size=block_size)
         where = str(resolve_source(source).resolve())  # a hub name: its cache directory
         base = {"base_pretrained": where, "block_size": model.config.block_size}
-        return model, tokenizer, TrainConfig(), base
+        return model, tokenizer, TrainConfig(), {**base, "base_sha256": _digest(model)}
     model, tokenizer, ckpt = load_model(source, device=device)
     where = {"base_checkpoint": str(ckpt.path.resolve()), "base_step": ckpt.step}
-    return model, tokenizer, ckpt.train_config, where
+    return model, tokenizer, ckpt.train_config, {**where, "base_sha256": _digest(model)}
 
 
-def train_adapters(
-    model: Any, data: TokenDataset, cfg: TrainConfig, lr: float, max_iters: int, say: Any
-) -> None:
-    """``max_iters`` steps of AdamW (no weight decay) on the trainable parameters, with a
-    cosine schedule from ``lr`` to ``lr / 10`` after a warmup of a tenth of the steps."""
+def _digest(model: Any) -> str:
+    """The sha256 of a model's weights (names, dtypes, shapes and values): lora.json records
+    the base's, so adapters are never applied to a base that changed since (retrained,
+    overwritten, or another download under the same name)."""
+    digest = hashlib.sha256()
+    for name, array in sorted(model.state_dict().items()):
+        digest.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
+        digest.update(np.ascontiguousarray(array).data)
+    return digest.hexdigest()
+
+
+def train_adapters(model: Any, data: TokenDataset, cfg: TrainConfig, say: Any) -> None:
+    """``cfg.max_iters`` steps of AdamW (no weight decay) on the trainable parameters, with
+    ``cfg``'s schedule (decoder.train.lr_at)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = AdamW(params, lr=lr, betas=(cfg.beta1, cfg.beta2), weight_decay=0.0)
+    optimizer = AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=0.0)
     rng = np.random.default_rng(cfg.seed)
     model.train()
+    max_iters = cfg.max_iters
     for step in range(max_iters):
-        set_lr(optimizer, cosine_lr(step, lr, lr / 10, max_iters // 10, max_iters))
+        set_lr(optimizer, lr_at(step, cfg))
         x, y = data.get_batch("train", cfg.batch_size, model.config.block_size, rng)
         loss = train_step(model, optimizer, x, y, cfg, step + 1)
         if (step + 1) % max(1, max_iters // 10) == 0:
@@ -225,7 +253,23 @@ def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, An
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
     pretrained = "base_pretrained" in settings
     base = settings["base_pretrained" if pretrained else "base_checkpoint"]
-    model, tokenizer, _, _ = _load_base(base, "cpu", pretrained, settings.get("block_size"))
+    if not pretrained and not Path(base).is_dir():
+        run_dir = Path(base).parent
+        now = resolve_checkpoint(run_dir).name if has_checkpoint(run_dir) else "no checkpoint"
+        raise CheckpointError(
+            f"{path}: these adapters were trained on {base} (step {settings['base_step']}), "
+            f"which is gone: {run_dir} now holds {now} (a run keeps only its newest "
+            f"checkpoint). Fine-tune again on the current base; to keep a base, copy its "
+            f"checkpoint directory elsewhere and fine-tune from the copy"
+        )
+    model, tokenizer, _, where = _load_base(base, "cpu", pretrained, settings.get("block_size"))
+    if where["base_sha256"] != settings.get("base_sha256", where["base_sha256"]):
+        raise CheckpointError(
+            f"{path}: the base {base} holds other weights than the ones these adapters were "
+            f"trained on (sha256 {where['base_sha256'][:12]}..., recorded "
+            f"{settings['base_sha256'][:12]}...): it was retrained or replaced since. "
+            f"Fine-tune again on it"
+        )
     apply_lora(
         model,
         tuple(settings["targets"]),

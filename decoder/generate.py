@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
 from minigrad.backend import DEVICES
@@ -34,26 +34,55 @@ from minigrad.backend import DEVICES
 REPLACEMENT = "\ufffd"  # what a UTF-8 decoder with errors="replace" puts for broken bytes
 
 
-def stream_decode(tokenizer: Any, ids: Iterable[int], max_pending: int = 8) -> Iterator[str]:
+def default_prompt(tokenizer: Any, first_id: int = 0) -> str:
+    """The prompt of a sample when none is given: a newline (a sample starts as a line does)
+    where the vocabulary has one, else the token ``first_id``: decoder.train passes its
+    text's first token; a checkpoint alone has no text, so decoder.generate takes token 0.
+
+    >>> from decoder.tokenizer import CharTokenizer
+    >>> default_prompt(CharTokenizer.from_text("to be or"))  # no newline: its token 0
+    ' '
+    >>> default_prompt(CharTokenizer.from_text(chr(10).join(["to be", "or"]))) == chr(10)
+    True
+    """
+    try:
+        if tokenizer.encode("\n"):
+            return "\n"
+    except ValueError:  # a character-level vocabulary from a text without a newline
+        pass
+    return tokenizer.decode([first_id])
+
+
+def stream_decode(
+    tokenizer: Any, ids: Iterable[int], max_pending: int = 8, context: Sequence[int] = ()
+) -> Iterator[str]:
     """Decode token ids one by one into text pieces, never splitting a UTF-8 character.
 
     A token whose bytes end inside a character is held back until the character is
     complete; after ``max_pending`` tokens it is let through as it is (the model did
-    produce an invalid byte sequence).
+    produce an invalid byte sequence). Each piece is decoded after the token before it
+    (``context``'s last token for the first: the prompt's), and only what that adds is
+    yielded: a SentencePiece tokenizer drops the space in front of the text it decodes, so
+    decoding "▁world" alone would lose the space between two words.
 
     >>> from types import SimpleNamespace
     >>> byte_tok = SimpleNamespace(decode=lambda ids: bytes(ids).decode("utf-8", "replace"))
     >>> list(stream_decode(byte_tok, [104, 0xC3, 0xA9, 33]))  # "h", then "é" as two bytes, "!"
     ['h', 'é', '!']
     """
+    before = [int(t) for t in context][-1:]
     pending: list[int] = []
     for token in ids:
         pending.append(int(token))
-        text = _decode_whole(tokenizer, pending)
+        text = _decode_whole(tokenizer, before + pending)
         if text is None and len(pending) < max_pending:
             continue  # subtle: wait for the rest of the character
-        yield text if text is not None else tokenizer.decode(pending)
-        pending = []
+        head = tokenizer.decode(before)
+        if text is not None and text.startswith(head):
+            yield text[len(head) :]
+        else:  # broken bytes (or a context that decodes differently alone): as they are
+            yield tokenizer.decode(pending)
+        before, pending = pending[-1:], []
     if pending:
         yield tokenizer.decode(pending)
 
@@ -121,7 +150,7 @@ def print_sample(
         length_penalty=length_penalty,
         stop_token=None if stop_ids is None else stop_ids[0],
     )
-    for piece in stream_decode(tokenizer, tokens):
+    for piece in stream_decode(tokenizer, tokens, context=ids):
         out.write(piece)
         out.flush()  # stream: show each piece as soon as it exists
         pieces.append(piece)
@@ -156,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --from-pretrained: crop the context to this many tokens (default: the "
         "model's own; Llama-family models of 32k tokens need gigabytes for it)",
     )
-    p.add_argument("--prompt", default="\n", help="the text to continue (default: a newline)")
+    p.add_argument(
+        "--prompt",
+        default=None,
+        help="the text to continue (default: a newline, or token 0 where the vocabulary has none)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=500)
     p.add_argument(
         "--temperature", type=float, default=None, help="< 1 sharper, > 1 flatter (default 0.8)"
@@ -199,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         print_sample(
             model,
             tokenizer,
-            args.prompt,
+            default_prompt(tokenizer) if args.prompt is None else args.prompt,
             args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k,

@@ -511,6 +511,10 @@ def test_sentencepiece_style_tokenizer_json_with_byte_fallback(tmp_path, style):
     assert ours.decode(expected) == reference.decode(expected) == SAMPLE
     text = "the cat<s>the hat"  # where "▁" goes around a special token
     assert ours.encode(text, allowed_special="all") == reference.encode(text).ids
+    # streamed one token at a time, the spaces stay (each "▁word" decodes after its neighbour)
+    ids = ours.encode("the cat the hat")
+    pieces = list(generate_cli.stream_decode(ours, ids[1:], context=ids[:1]))
+    assert ours.decode(ids[:1]) + "".join(pieces) == "the cat the hat"
 
 
 # ---- the command line ------------------------------------------------------------------------

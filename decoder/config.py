@@ -148,6 +148,7 @@ class TrainConfig:
     bpe_vocab_size: int = 512  # vocabulary size when tokenizer == "bpe"
     sample_tokens: int = 300  # tokens printed as a sample at the end
     sample_prompt: str = "\n"  # the prompt of that sample
+    dpo_beta: float = 0.1  # DPO's KL weight (decoder.dpo): small lets the policy move far
 
     def __post_init__(self) -> None:
         if self.lr_decay_iters is None:
@@ -243,7 +244,7 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     **dict.fromkeys(("lr_decay_iters", "eval_interval", "eval_iters", "log_interval"), AT_LEAST_1),
     **dict.fromkeys(("lr", "min_lr", "warmup_iters", "weight_decay"), AT_LEAST_0),
     **dict.fromkeys(("grad_clip", "sample_tokens"), AT_LEAST_0),
-    **dict.fromkeys(("rope_theta", "norm_eps"), POSITIVE),
+    **dict.fromkeys(("rope_theta", "norm_eps", "dpo_beta"), POSITIVE),
     **dict.fromkeys(("dropout", "beta1", "beta2"), FRACTION),
     "seed": (0, 2**63, True, False),  # NumPy's generators take non-negative seeds
     "bpe_vocab_size": (256, math.inf, True, False),  # the 256 byte tokens come first

@@ -4,6 +4,8 @@
 optimiser's step on one batch; ``estimate_loss`` scores fixed batches of each split in eval
 mode. decoder.train (pre-training) and decoder.finetune (LoRA) both call them, and so should
 any later trainer, so that a step means the same thing, and fails the same way, everywhere.
+A trainer whose loss is not the model's cross-entropy passes its own ``loss_fn`` to both
+(decoder.dpo: the DPO loss of a policy against a frozen reference).
 
 A step may accumulate: its batch is split into ``cfg.grad_accum_steps`` equal micro-batches,
 each loss scaled by 1/k before its backward pass, so the summed gradients are those of the
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,6 +46,15 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
+def lm_loss(model: Decoder, x: np.ndarray, y: np.ndarray) -> mg.Tensor:
+    """The language-model loss: the model's mean cross-entropy of targets ``y`` given ``x``
+    (targets of -100 are left out, as the prompts of decoder.sft's turns)."""
+    return model(x, y)[1]
+
+
+LossFn = Callable[[Decoder, np.ndarray, np.ndarray], mg.Tensor]  # lm_loss's signature
+
+
 def train_step(
     model: Decoder,
     optimizer: Optimizer,
@@ -53,6 +64,7 @@ def train_step(
     step: int,
     dist: DataParallel | None = None,
     scaler: LossScaler | None = None,
+    loss_fn: LossFn = lm_loss,
 ) -> float:
     """One optimiser step on the batch ``x`` (B, T) with next tokens ``y`` (B, T); the loss.
 
@@ -65,6 +77,7 @@ def train_step(
     step whose gradients hold an inf or NaN leaves the weights as they were (the scaler counts
     it). ``step`` (1-based) only names the step in the error: a NaN or infinite loss raises
     TrainingDiverged before the optimiser's step, so the weights stay as they were.
+    ``loss_fn(model, x, y)`` gives a micro-batch's loss (lm_loss by default).
     """
     k = cfg.grad_accum_steps
     if len(x) % k:
@@ -79,7 +92,7 @@ def train_step(
     with passes:
         # (B, T) -> k x (B / k, T)
         for x_micro, y_micro in zip(np.split(x, k), np.split(y, k), strict=True):
-            _, loss = model(x_micro, y_micro)  # host arrays: the model checks and moves them
+            loss = loss_fn(model, x_micro, y_micro)  # host arrays: the model checks and moves them
             loss_value = loss.item()
             if not math.isfinite(loss_value):
                 raise TrainingDiverged(
@@ -115,9 +128,10 @@ def estimate_loss(
     cfg: TrainConfig,
     block_size: int,
     splits: Sequence[str] = SPLITS,
+    loss_fn: LossFn = lm_loss,
 ) -> dict[str, float]:
-    """Mean loss over ``cfg.eval_iters`` batches of ``cfg.batch_size`` windows of each split,
-    in eval mode (no dropout), on the model's device.
+    """Mean loss (``loss_fn``'s) over ``cfg.eval_iters`` batches of ``cfg.batch_size``
+    windows of each split, in eval mode (no dropout), on the model's device.
 
     Each split's batches come from a generator seeded afresh from ``cfg.seed`` and the
     split, so every evaluation scores the same tokens (evaluations compare across steps and
@@ -135,7 +149,7 @@ def estimate_loss(
         total = 0.0
         for _ in range(cfg.eval_iters):
             x, y = data.get_batch(split, cfg.batch_size, block_size, rng)
-            _, loss = model(x, y)  # host arrays, checked there, then moved by the model
+            loss = loss_fn(model, x, y)  # host arrays, checked there, then moved by the model
             total += loss.item()
         losses[split] = total / cfg.eval_iters
     model.train()

@@ -56,7 +56,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,7 +90,7 @@ from decoder.mixed_precision import LOW_PRECISION, LossScaler
 from decoder.model import Decoder
 from decoder.moe import expert_postfix
 from decoder.rundir import claim_dir
-from decoder.step import TrainingDiverged, estimate_loss, train_step
+from decoder.step import LossFn, TrainingDiverged, estimate_loss, lm_loss, train_step
 from decoder.tokenizer import get_tokenizer
 from minigrad.backend import DEVICES, reuse_freed_memory
 from minigrad.fileio import atomic_write
@@ -243,18 +243,20 @@ def read_log(out_dir: Path) -> list[dict]:
     return rows
 
 
-def plot_losses(out_dir: Path, title: str = "") -> None:
-    """Redraw ``loss.png`` from ``log.jsonl``: train and val loss against the step, and for a
-    mixture of experts a second panel with each expert's share of the routed tokens."""
+def plot_losses(out_dir: Path, title: str = "", metrics: Sequence[str] = ()) -> None:
+    """Redraw ``loss.png`` from ``log.jsonl``: train and val loss against the step, for a
+    mixture of experts a panel with each expert's share of the routed tokens, and a panel
+    with the ``metrics`` (names of other columns of the log, as decoder.dpo's)."""
     # matplotlib's object API with the Agg canvas: no pyplot global state, no display needed
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     rows = read_log(out_dir)
     routed = [r for r in rows if "expert_share" in r]  # none before the first step
-    fig = Figure(figsize=(6, 7 if routed else 4), dpi=100)
+    n_panels = 1 + bool(routed) + bool(metrics)
+    fig = Figure(figsize=(6, 1 + 3 * n_panels), dpi=100)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(2, 1, 1) if routed else fig.add_subplot()
+    ax = fig.add_subplot(n_panels, 1, 1)
     steps = [r["step"] for r in rows]
     ax.plot(steps, [r["train_loss"] for r in rows], "o-", label="train")
     ax.plot(steps, [r["val_loss"] for r in rows], "o-", label="val")
@@ -263,13 +265,21 @@ def plot_losses(out_dir: Path, title: str = "") -> None:
     ax.legend()
     if routed:
         shares = np.array([r["expert_share"] for r in routed])  # (rows, n_experts)
-        share_ax = fig.add_subplot(2, 1, 2, sharex=ax)
+        share_ax = fig.add_subplot(n_panels, 1, 2, sharex=ax)
         for e in range(shares.shape[1]):
             share_ax.plot([r["step"] for r in routed], shares[:, e], ".-", label=f"expert {e}")
         share_ax.axhline(1 / shares.shape[1], color="gray", ls="--", label="balanced")
         share_ax.set(xlabel="step", ylabel="share of routed tokens")
         share_ax.grid(alpha=0.3)
         share_ax.legend(fontsize="x-small", ncol=4)
+    if metrics:
+        metric_ax = fig.add_subplot(n_panels, 1, n_panels, sharex=ax)
+        for name in metrics:
+            shown = [r for r in rows if name in r]
+            metric_ax.plot([r["step"] for r in shown], [r[name] for r in shown], "o-", label=name)
+        metric_ax.set(xlabel="step")
+        metric_ax.grid(alpha=0.3)
+        metric_ax.legend()
     fig.tight_layout()
     with atomic_write(out_dir / PLOT) as f:  # a viewer never sees a half-drawn file
         fig.savefig(f, format="png")
@@ -294,6 +304,8 @@ class Run:
     saved_step: int | None = None  # the step of the newest checkpoint on disk
     losses: dict[str, float] = field(default_factory=dict)  # the last evaluation's
     dist: DataParallel | None = None  # this process's rank in a data-parallel run
+    loss_fn: LossFn = lm_loss  # a batch's loss: decoder.dpo gives its own
+    metrics: Callable[[Run], dict[str, float]] | None = None  # more numbers per evaluation
     scaler: LossScaler | None = None  # the loss scale of a mixed-precision run
 
     @property
@@ -367,12 +379,12 @@ def start_run(
     changed = _differences(ckpt.train_config, train_cfg)
     if changed:
         say("note: resuming with changed settings: " + "; ".join(changed))
-    _restore(run, ckpt)
+    restore(run, ckpt)
     say(f"resuming {out_dir} from step {run.step}")
     return run
 
 
-def _restore(run: Run, ckpt: Checkpoint) -> None:
+def restore(run: Run, ckpt: Checkpoint) -> None:
     """Put the checkpoint's weights, optimiser state, generators and step into ``run``."""
     check_weights(ckpt.weights, run.model.state_dict(), ckpt.path / WEIGHTS)
     run.model.load_state_dict(ckpt.weights)
@@ -432,7 +444,9 @@ def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:
     # the routing of the last training batch, read before the evaluation's forwards replace it
     router = run.model.router_stats()  # None without experts (and before the first step)
     if run.is_main:
-        run.losses = estimate_loss(run.model, run.data, run.train_cfg, run.model_cfg.block_size)
+        run.losses = estimate_loss(
+            run.model, run.data, run.train_cfg, run.model_cfg.block_size, loss_fn=run.loss_fn
+        )
     if checkpoint:
         save(run)
     if not run.is_main:
@@ -446,10 +460,12 @@ def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:
         "time": run.elapsed,
         **(router or {}),  # aux_loss and expert_share, for a mixture of experts
     }
+    extra = run.metrics(run) if run.metrics is not None else {}  # e.g. decoder.dpo's
+    row.update(extra)
     if run.scaler is not None:
         row.update(loss_scale=run.scaler.scale, skipped_steps=run.scaler.skipped)
     append_log(run.out_dir, row)
-    plot_losses(run.out_dir, title=f"{run.model.num_parameters():,} parameters")
+    plot_losses(run.out_dir, title=f"{run.model.num_parameters():,} parameters", metrics=extra)
 
 
 # ---- the loop -----------------------------------------------------------------------------------
@@ -545,7 +561,15 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                 if run.dist is not None:  # (B * ranks, T) -> (B, T): this rank's share
                     x, y = x[run.dist.rows(B)], y[run.dist.rows(B)]
                 loss = train_step(
-                    run.model, run.optimizer, x, y, cfg, run.step + 1, run.dist, run.scaler
+                    run.model,
+                    run.optimizer,
+                    x,
+                    y,
+                    cfg,
+                    run.step + 1,
+                    run.dist,
+                    run.scaler,
+                    loss_fn=run.loss_fn,
                 )
                 losses.append(loss)
                 run.step += 1

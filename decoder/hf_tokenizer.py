@@ -73,7 +73,10 @@ def bpe_merge(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str
 
 
 class HFTokenizer:
-    """A ``tokenizer.json`` BPE tokenizer with our interface (encode, decode, vocab_size)."""
+    """A ``tokenizer.json`` BPE tokenizer with our interface (encode, decode, vocab_size).
+
+    It has no ``to_dict``: its state is the file beside the model's weights.
+    """
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
@@ -89,7 +92,7 @@ class HFTokenizer:
         if model.get("type") != "BPE":
             raise ValueError(f"{self.path}: a {model.get('type')!r} model; only BPE is read here")
         self.vocab: dict[str, int] = model["vocab"]
-        merges = [
+        merges = [  # "a b" strings in older files, [a, b] lists in newer ones
             tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]
         ]
         self.ranks = {pair: rank for rank, pair in enumerate(merges)}
@@ -124,7 +127,11 @@ class HFTokenizer:
         return tiktoken.Encoding(
             name=os.path.basename(os.path.dirname(self.path)) or "tokenizer.json",
             pat_str=self.pattern,
-            mergeable_ranks={bytes(CHAR_BYTES[c] for c in t): i for t, i in self.vocab.items()},
+            mergeable_ranks={
+                bytes(CHAR_BYTES[c] for c in t): i  # a special token in the vocab stays special
+                for t, i in self.vocab.items()
+                if t not in self.special
+            },
             special_tokens=self.special,
         )
 

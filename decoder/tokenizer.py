@@ -77,18 +77,32 @@ class Tokenizer(Protocol):
 class CharTokenizer:
     """One id per character, ids in sorted order of the characters.
 
+    Special tokens (decoder/chat.py's template) take the ids after the characters, as in
+    BPETokenizer; ``encode`` never makes them from text (its callers place their ids).
+
     >>> tok = CharTokenizer.from_text("hello")
     >>> tok.vocab_size, tok.encode("hell"), tok.decode([1, 0, 2, 2, 3])
     (4, [1, 0, 2, 2], 'hello')
+    >>> tok = tok.with_special_tokens(["<|end|>"])
+    >>> tok.vocab_size, tok.special_tokens, tok.decode([1, 4])
+    (5, {'<|end|>': 4}, 'h<|end|>')
     """
 
-    def __init__(self, chars: Iterable[str]):
+    def __init__(self, chars: Iterable[str], special_tokens: Sequence[str] = ()):
         self.chars = list(chars)
         if not self.chars:
             raise ValueError("a CharTokenizer needs at least one character")
         if any(len(c) != 1 for c in self.chars) or len(set(self.chars)) != len(self.chars):
             raise ValueError("a CharTokenizer's vocabulary must be distinct single characters")
         self.stoi = {c: i for i, c in enumerate(self.chars)}
+        if len(set(special_tokens)) != len(special_tokens):
+            raise ValueError(f"repeated special tokens: {list(special_tokens)}")
+        self.special_tokens = {s: len(self.chars) + i for i, s in enumerate(special_tokens)}
+        self.special_ids = {i: s for s, i in self.special_tokens.items()}
+
+    def with_special_tokens(self, tokens: Sequence[str]) -> CharTokenizer:
+        """This tokenizer with ``tokens`` added after its special tokens (old ids unchanged)."""
+        return CharTokenizer(self.chars, [*self.special_tokens, *tokens])
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
@@ -97,7 +111,7 @@ class CharTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return len(self.chars)
+        return len(self.chars) + len(self.special_tokens)
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -112,17 +126,22 @@ class CharTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         n = len(self.chars)
-        bad = [i for i in ids if not 0 <= i < n]  # subtle: a negative id would index from the end
+        # subtle: a negative id would index from the end
+        bad = [i for i in ids if not 0 <= i < n and i not in self.special_ids]
         if bad:
-            raise ValueError(f"ids out of range for a vocabulary of {n}: {bad[:10]}")
-        return "".join(self.chars[i] for i in ids)
+            raise ValueError(f"ids out of range for a vocabulary of {self.vocab_size}: {bad[:10]}")
+        return "".join(self.chars[i] if i < n else self.special_ids[i] for i in ids)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "char", "chars": "".join(self.chars)}
+        return {
+            "type": "char",
+            "chars": "".join(self.chars),
+            "special_tokens": list(self.special_tokens),  # ids follow the characters
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CharTokenizer:
-        return cls(d["chars"])
+        return cls(d["chars"], d.get("special_tokens", ()))  # older checkpoints have none
 
 
 # ---- splitting text into chunks -----------------------------------------------------------------
@@ -351,6 +370,14 @@ class BPETokenizer:
             else:
                 raise ValueError(f"id {i} is out of range for a vocabulary of {self.vocab_size}")
         return b"".join(pieces).decode("utf-8", errors="replace")
+
+    def with_special_tokens(self, tokens: Sequence[str]) -> BPETokenizer:
+        """This tokenizer with ``tokens`` added after its special tokens (old ids unchanged).
+
+        >>> BPETokenizer([]).with_special_tokens(["<|end|>"]).special_tokens
+        {'<|end|>': 256}
+        """
+        return BPETokenizer(self.merges, self.pattern, [*self.special_tokens, *tokens])
 
     def to_tiktoken(self, name: str | None = None) -> tiktoken.Encoding:
         """The same tokenizer as a tiktoken ``Encoding``: same ids, Rust speed.

@@ -86,6 +86,7 @@ from decoder.config import (
     device_or_cpu,
 )
 from decoder.data import TokenDataset, load_shakespeare, load_text
+from decoder.generate import default_prompt
 from decoder.mixed_precision import LOW_PRECISION, LossScaler
 from decoder.model import Decoder
 from decoder.moe import expert_postfix
@@ -180,15 +181,12 @@ def sample_prompt(tokenizer: Any, train_cfg: TrainConfig, data: TokenDataset) ->
     """The prompt of the sample printed at the end, checked now, before any training.
 
     The default prompt, a newline, becomes the text's first token where the vocabulary has
-    no newline (a character-level text without one); any other prompt must be writable in
-    the vocabulary, or the error names the characters that are not.
+    no newline (decoder.generate.default_prompt); any other prompt must be writable in the
+    vocabulary, or the error names the characters that are not.
     """
     prompt = train_cfg.sample_prompt
     if prompt == TrainConfig.sample_prompt:
-        with contextlib.suppress(ValueError):
-            tokenizer.encode(prompt)
-            return prompt
-        return tokenizer.decode([int(data.ids[0])])
+        return default_prompt(tokenizer, int(data.ids[0]))
     try:
         ids = tokenizer.encode(prompt)
     except ValueError as e:

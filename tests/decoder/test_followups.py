@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+import decoder.generate as gen
 from decoder.checkpoint import CheckpointError, load_checkpoint
 from decoder.config import build_configs
 from decoder.finetune import finetune, load_adapted, merge
@@ -97,3 +98,14 @@ def test_adapters_are_never_applied_to_a_base_with_other_weights(tmp_path):
     assert load_checkpoint(base).path.name == "ckpt-000004"
     with pytest.raises(CheckpointError, match=r"holds other weights than the ones these adapters"):
         load_adapted(tmp_path / "lora")
+
+
+# ---- decoder.generate's default prompt ----------------------------------------------------------
+def test_generate_default_prompt_for_a_model_whose_text_had_no_newline(tmp_path, capsys):
+    run = train_base(tmp_path / "base", text=make_text(newline=" "))
+    assert gen.main(["--checkpoint", str(run), "--max-new-tokens", "8", "--seed", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(" ") and len(printed) == 1 + 8 + 1  # token 0 (a space), 8, "\n"
+    argv = ["--checkpoint", str(run), "--max-new-tokens", "8", "--prompt", "\n"]
+    assert gen.main(argv) == 2  # a prompt given outright is still checked
+    assert "'\\n'" in capsys.readouterr().err

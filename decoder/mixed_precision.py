@@ -10,6 +10,7 @@ gradients are not flushed to zero (float16's smallest normal number is 6e-5); th
 gradients are added into float32 sums, and on leaving, each parameter gets back its master
 and the sum / S as its gradient. Softmax, cross-entropy and the norms accumulate in float32
 whatever the dtype (minigrad.functional.rows.widen), and the loss comes out in float32.
+Evaluation, checkpoints and generation see only the float32 masters.
 
 S changes as in ``torch.amp.GradScaler``: it starts at 2^16; a step whose gradients hold an
 inf or NaN is skipped (the weights and the optimiser's state stay as they were) and S is

@@ -3,10 +3,12 @@ never applies adapters to a base that changed or vanished since; decoder.generat
 prompt works for a model whose text had no newline."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import decoder
 import decoder.generate as gen
 from decoder.checkpoint import CheckpointError, load_checkpoint
 from decoder.config import build_configs
@@ -109,3 +111,10 @@ def test_generate_default_prompt_for_a_model_whose_text_had_no_newline(tmp_path,
     argv = ["--checkpoint", str(run), "--max-new-tokens", "8", "--prompt", "\n"]
     assert gen.main(argv) == 2  # a prompt given outright is still checked
     assert "'\\n'" in capsys.readouterr().err
+
+
+# ---- the package's map --------------------------------------------------------------------------
+def test_the_package_docstring_names_every_module():
+    names = {p.stem for p in Path(decoder.__file__).parent.glob("*.py")} - {"__init__"}
+    missing = sorted(n for n in names if f"``{n}``" not in decoder.__doc__)
+    assert not missing, f"decoder/__init__.py's docstring should name {missing}"

@@ -176,6 +176,11 @@ class Preset:
     train: dict[str, Any] = field(default_factory=dict)
 
 
+# The architecture comparison's columns (issue 17) at shakespeare-char's size, data and budget
+SHAKESPEARE_SHAPE = dict(block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
+SHAKESPEARE_TRAIN = dict(batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100)
+LLAMA_LAYOUT = dict(n_kv_head=2, pos="rope", norm="rms", ffn="swiglu")  # GQA, RoPE, ...
+
 PRESETS: dict[str, Preset] = {
     "shakespeare-char": Preset(
         "nanoGPT's CPU Shakespeare run: 4 layers, 4 heads, 128 wide, context 64, 2000 steps",
@@ -223,6 +228,38 @@ PRESETS: dict[str, Preset] = {
             eval_iters=5,
             sample_tokens=100,
         ),  # fmt: skip
+    ),
+    "gpt2": Preset(
+        "GPT-2 as the comparison table has it: learned positions, GELU, biases, tied head, "
+        "LayerNorm after each residual sum (post-norm; GPT-2's released code is pre-norm: "
+        "see gpt2-pre)",
+        model=dict(**SHAKESPEARE_SHAPE, bias=True, norm_position="post"),
+        train=dict(SHAKESPEARE_TRAIN),
+    ),
+    "gpt2-pre": Preset(
+        "GPT-2 as its released code is: the gpt2 preset with the norm before each branch",
+        model=dict(**SHAKESPEARE_SHAPE, bias=True),
+        train=dict(SHAKESPEARE_TRAIN),
+    ),
+    "gpt3": Preset(
+        "GPT-3: gpt2-pre with dense and locally banded layers alternating (a 16-token "
+        "window on every second layer) and an untied head",
+        model=dict(
+            **SHAKESPEARE_SHAPE, bias=True, window=16, window_pattern="FW", tie_weights=False
+        ),
+        train=dict(SHAKESPEARE_TRAIN),
+    ),
+    "llama3": Preset(
+        "Llama 3: grouped-query attention (2 KV heads), RoPE with theta 500000, SwiGLU, "
+        "RMSNorm, pre-norm, tied head (as Llama 3.2's small models)",
+        model=dict(**SHAKESPEARE_SHAPE, **LLAMA_LAYOUT, rope_theta=500000.0),
+        train=dict(SHAKESPEARE_TRAIN),
+    ),
+    "granite": Preset(
+        "IBM Granite 3: Llama's layout (GQA, RoPE with theta 10000, SwiGLU, RMSNorm, tied "
+        "head); its muP multipliers of embeddings, residuals, attention and logits are left out",
+        model=dict(**SHAKESPEARE_SHAPE, **LLAMA_LAYOUT),
+        train=dict(SHAKESPEARE_TRAIN),
     ),
 }
 DEFAULT_PRESET = "shakespeare-char"

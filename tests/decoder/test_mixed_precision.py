@@ -14,6 +14,7 @@ from decoder.mixed_precision import LossScaler
 from decoder.model import Decoder
 from decoder.step import train_step
 from decoder.train import train
+from minigrad.backend import to_numpy
 from minigrad.optim import AdamW, param_groups_for_decay
 
 from .test_train import TEXT
@@ -66,9 +67,9 @@ MODEL = ModelConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
 OVERFLOW = 2.0**19  # the smallest power of two whose scaled gradients overflow float16 here
 
 
-def stepper():
+def stepper(device: str = "cpu"):
     mg.manual_seed(0)
-    model = Decoder(MODEL)
+    model = Decoder(MODEL).to(device)
     optimizer = AdamW(param_groups_for_decay(model, 0.1), lr=1e-2)
     scaler = LossScaler("float16", init_scale=OVERFLOW / 2)
     batches = np.random.default_rng(1).integers(0, MODEL.vocab_size, size=(3, 2, 4, 8))
@@ -76,13 +77,13 @@ def stepper():
     def step(i: int) -> list[np.ndarray]:
         x, y = batches[i]
         train_step(model, optimizer, x, y, TrainConfig(dtype="float16"), i + 1, scaler=scaler)
-        return [p.data.copy() for p in model.parameters()]
+        return [to_numpy(p.data).copy() for p in model.parameters()]
 
     return step, scaler, optimizer
 
 
-def test_an_overflowing_step_is_skipped_and_the_next_one_taken():
-    step, scaler, optimizer = stepper()
+def test_an_overflowing_step_is_skipped_and_the_next_one_taken(device):
+    step, scaler, optimizer = stepper(device)
     after_1 = step(0)
     assert all(p.dtype == np.float32 for p in after_1)  # the masters stay float32
     scaler.scale = OVERFLOW  # forced: this step's scaled gradients overflow float16
@@ -94,7 +95,7 @@ def test_an_overflowing_step_is_skipped_and_the_next_one_taken():
     after_3 = step(2)
     assert scaler.skipped == 1 and all(s["step"] == 2 for s in optimizer.state.values())
     # the recovered step is the step the run takes when step 2 never happened
-    reference, _, _ = stepper()
+    reference, _, _ = stepper(device)
     reference(0)
     for a, b in zip(after_3, reference(2), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -1,69 +1,54 @@
-"""Checks of lesson 6 (flash attention): ``online_softmax`` and ``merge_states``."""
+"""Checks of lesson 7 (the transformer block): ``rms_norm``, ``layer_norm_backward`` and
+``swiglu``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
+from exercises import forbidden, ops_in_graph
+
+import minigrad as mg
+from minigrad import functional as F
+from minigrad import nn
 
 
-def tiles(scores: np.ndarray, values: np.ndarray, tile: int) -> Iterator[tuple]:
-    """Yield (s, v) tiles of ``tile`` keys, each written into the same buffers, as a kernel
-    reuses its shared memory: a tile is only valid until the next one is read.
-
-    >>> [s for s, _ in tiles(np.arange(5.0), np.zeros((5, 1)), 2)][0]  # kept: overwritten
-    array([nan, nan])
-    """
-    s_buf = np.empty(tile)  # (bk,)
-    v_buf = np.empty((tile, values.shape[1]))  # (bk, hs)
-    for k0 in range(0, len(scores), tile):
-        n = min(tile, len(scores) - k0)
-        s_buf[:n], v_buf[:n] = scores[k0 : k0 + n], values[k0 : k0 + n]
-        yield s_buf[:n], v_buf[:n]
-    s_buf[:], v_buf[:] = np.nan, np.nan  # what an answer that kept the tiles would read
+def randn64(*shape: int) -> mg.Tensor:
+    return mg.randn(*shape, dtype="float64", requires_grad=True)
 
 
-def test_online_softmax(fn):
-    rng = np.random.default_rng(3)
-    s = rng.standard_normal(20) * 3
-    V = rng.standard_normal((20, 5))
-    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
-    for tile in (1, 3, 7, 20, 64):
-        o, lse = fn(tiles(s, V, tile))
-        assert np.allclose(o, p @ V), (
-            f"wrong output with tile={tile}: read each tile once, in order, and keep only "
-            f"m, l and acc between tiles (the next tile overwrites this one)"
-        )
-        assert np.isclose(lse, np.log(np.exp(s).sum())), f"wrong logsumexp with tile={tile}"
-    o, lse = fn(tiles(s + 1000, V, 4))  # exp(1000) overflows: needs the running max
-    assert np.allclose(o, p @ V) and np.isclose(lse, 1000 + np.log(np.exp(s).sum())), (
-        "wrong for scores near 1000: exp overflows unless you subtract the running max"
-    )
-    masked = s.copy()
-    masked[:6] = -np.inf  # the first tiles of size 3 see only masked keys
-    p_masked = np.exp(masked - masked.max()) / np.exp(masked - masked.max()).sum()
-    o, lse = fn(tiles(masked, V, 3))
-    assert np.all(np.isfinite(o)), "NaN from a fully masked first tile: re-base m = -inf on 0"
-    assert np.allclose(o, p_masked @ V)
+def test_rms_norm(fn):
+    mg.manual_seed(1)
+    x, w = randn64(2, 3, 8), randn64(8)
+    want = F.rms_norm(x, w, eps=1e-6).data
+    with forbidden(fn, F, "rms_norm", "build it from Tensor ops"):
+        y = fn(x, w, 1e-6)
+    assert y.shape == x.shape
+    fused = {"RMSNorm", "LayerNorm"} & ops_in_graph(y)
+    assert not fused, f"your graph holds the fused {fused.pop()}: build it from Tensor ops"
+    assert np.allclose(y.data, want), "differs from F.rms_norm"
+    y_big_eps = fn(x, w, 0.5).data
+    assert np.allclose(y_big_eps, F.rms_norm(x, w, eps=0.5).data), "eps goes inside the sqrt"
+    assert mg.gradcheck(lambda a, b: fn(a, b, 1e-6), x, w, name="your rms_norm")
 
 
-def test_merge_states(fn):
-    rng = np.random.default_rng(4)
-    s = rng.standard_normal(30) * 2
-    V = rng.standard_normal((30, 4))
+def test_layer_norm_backward(fn):
+    mg.manual_seed(2)
+    rng = np.random.default_rng(2)
+    for shape in [(2, 3, 8), (5, 16)]:
+        x, w = randn64(*shape), randn64(shape[-1])
+        g = rng.standard_normal(shape)
+        F.layer_norm(x, w, eps=1e-5).backward(g)  # the library's answer
+        got = fn(x.numpy().copy(), w.numpy().copy(), g, 1e-5)
+        assert np.shape(got) == shape, f"expected shape {shape}, got {np.shape(got)}"
+        worst = np.abs(got - x.grad).max()
+        assert np.allclose(got, x.grad), f"wrong gradient, worst error {worst:.2e}"
 
-    def state(idx):
-        m = s[idx].max()
-        w = np.exp(s[idx] - m)
-        return m, w.sum(), w @ V[idx]
 
-    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
-    for cut in (1, 11, 29):
-        m, l, acc = fn(state(np.arange(cut)), state(np.arange(cut, 30)))
-        assert np.isclose(m, s.max()), "the merged m must be the max over both sets"
-        assert np.allclose(acc / l, p @ V), f"wrong merged output for a cut at {cut}"
-    parts = [state(np.arange(i, 30, 3)) for i in range(3)]  # keys 0, 3, 6, ...; 1, 4, ...
-    m, l, acc = fn(fn(parts[0], parts[1]), parts[2])  # three interleaved sets of keys
-    m2, l2, acc2 = fn(parts[2], fn(parts[1], parts[0]))  # merged in another order
-    assert np.allclose(acc / l, p @ V) and np.allclose(acc2 / l2, p @ V)
-    assert np.isclose(m, m2) and np.isclose(l, l2), "merging must not depend on the order"
+def test_swiglu(fn):
+    mg.manual_seed(3)
+    module = nn.SwiGLU(8, 16).double()
+    x = randn64(2, 3, 8)
+    w1, w2, w3 = module.w1.weight, module.w2.weight, module.w3.weight
+    y = fn(x, w1, w2, w3)
+    assert y.shape == x.shape
+    assert np.allclose(y.data, module(x).data), "differs from nn.SwiGLU with these weights"
+    assert mg.gradcheck(fn, x, w1, w2, w3, name="your swiglu")

@@ -1,54 +1,48 @@
-"""Checks of lesson 7 (the transformer block): ``rms_norm``, ``layer_norm_backward`` and
-``swiglu``."""
+"""Checks of lesson 8 (the model and its loss): ``cross_entropy_grad`` and
+``count_parameters``."""
 
 from __future__ import annotations
 
 import numpy as np
-from exercises import forbidden, ops_in_graph
+from exercises import forbidden
 
 import minigrad as mg
+from decoder.config import ModelConfig, build_configs
+from decoder.model import Decoder
 from minigrad import functional as F
-from minigrad import nn
 
 
-def randn64(*shape: int) -> mg.Tensor:
-    return mg.randn(*shape, dtype="float64", requires_grad=True)
+def test_cross_entropy_grad(fn):
+    g = np.random.default_rng(3)
+    for scale in (1.0, 1000.0):
+        logits = mg.tensor(scale * g.standard_normal((6, 9)), dtype="float64", requires_grad=True)
+        targets = g.integers(0, 9, size=6)
+        F.cross_entropy(logits, targets).backward()
+        got = np.asarray(fn(logits.numpy().copy(), targets))
+        assert got.shape == (6, 9), f"expected shape (6, 9), got {got.shape}"
+        assert np.all(np.isfinite(got)), f"not finite for logits of scale {scale}"
+        assert np.allclose(got, logits.grad, atol=1e-10), (
+            f"differs from F.cross_entropy (scale {scale})"
+        )
 
 
-def test_rms_norm(fn):
-    mg.manual_seed(1)
-    x, w = randn64(2, 3, 8), randn64(8)
-    want = F.rms_norm(x, w, eps=1e-6).data
-    with forbidden(fn, F, "rms_norm", "build it from Tensor ops"):
-        y = fn(x, w, 1e-6)
-    assert y.shape == x.shape
-    fused = {"RMSNorm", "LayerNorm"} & ops_in_graph(y)
-    assert not fused, f"your graph holds the fused {fused.pop()}: build it from Tensor ops"
-    assert np.allclose(y.data, want), "differs from F.rms_norm"
-    y_big_eps = fn(x, w, 0.5).data
-    assert np.allclose(y_big_eps, F.rms_norm(x, w, eps=0.5).data), "eps goes inside the sqrt"
-    assert mg.gradcheck(lambda a, b: fn(a, b, 1e-6), x, w, name="your rms_norm")
-
-
-def test_layer_norm_backward(fn):
-    mg.manual_seed(2)
-    rng = np.random.default_rng(2)
-    for shape in [(2, 3, 8), (5, 16)]:
-        x, w = randn64(*shape), randn64(shape[-1])
-        g = rng.standard_normal(shape)
-        F.layer_norm(x, w, eps=1e-5).backward(g)  # the library's answer
-        got = fn(x.numpy().copy(), w.numpy().copy(), g, 1e-5)
-        assert np.shape(got) == shape, f"expected shape {shape}, got {np.shape(got)}"
-        worst = np.abs(got - x.grad).max()
-        assert np.allclose(got, x.grad), f"wrong gradient, worst error {worst:.2e}"
-
-
-def test_swiglu(fn):
-    mg.manual_seed(3)
-    module = nn.SwiGLU(8, 16).double()
-    x = randn64(2, 3, 8)
-    w1, w2, w3 = module.w1.weight, module.w2.weight, module.w3.weight
-    y = fn(x, w1, w2, w3)
-    assert y.shape == x.shape
-    assert np.allclose(y.data, module(x).data), "differs from nn.SwiGLU with these weights"
-    assert mg.gradcheck(fn, x, w1, w2, w3, name="your swiglu")
+def test_count_parameters(fn):
+    small = dict(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32)
+    configs = [
+        build_configs("shakespeare-char", vocab_size=65)[0],
+        build_configs("shakespeare-char-modern", vocab_size=65)[0],  # RoPE, RMSNorm, SwiGLU, GQA
+        ModelConfig(**small, bias=True, tie_weights=False, pos="sinusoidal"),
+        ModelConfig(**small, norm_position="post", norm="rms", ffn="swiglu", bias=True),
+        ModelConfig(
+            **small, parallel_block=True, n_kv_head=1, pos="alibi", ffn_hidden=48, bias=True
+        ),
+    ]
+    expected = [Decoder(c).num_parameters() for c in configs]
+    gpt2 = ModelConfig(
+        vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, bias=True
+    )
+    with forbidden(fn, Decoder, "__init__", "count from the config, without building the model"):
+        for c, want in zip(configs, expected, strict=True):
+            got = fn(c)
+            assert got == want, f"{got} != {want} for {c}"
+        assert fn(gpt2) == 124_439_808, "GPT-2 small has 124,439,808 parameters"

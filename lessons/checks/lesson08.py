@@ -1,48 +1,67 @@
-"""Checks of lesson 8 (the model and its loss): ``cross_entropy_grad`` and
-``count_parameters``."""
+"""Checks of lesson 9 (training): ``warmup_cosine``, ``clip_by_global_norm`` and
+``adam_l2_step``."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from exercises import forbidden
 
 import minigrad as mg
-from decoder.config import ModelConfig, build_configs
-from decoder.model import Decoder
-from minigrad import functional as F
+from minigrad import optim
+from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr
 
 
-def test_cross_entropy_grad(fn):
-    g = np.random.default_rng(3)
-    for scale in (1.0, 1000.0):
-        logits = mg.tensor(scale * g.standard_normal((6, 9)), dtype="float64", requires_grad=True)
-        targets = g.integers(0, 9, size=6)
-        F.cross_entropy(logits, targets).backward()
-        got = np.asarray(fn(logits.numpy().copy(), targets))
-        assert got.shape == (6, 9), f"expected shape (6, 9), got {got.shape}"
-        assert np.all(np.isfinite(got)), f"not finite for logits of scale {scale}"
-        assert np.allclose(got, logits.grad, atol=1e-10), (
-            f"differs from F.cross_entropy (scale {scale})"
+def test_warmup_cosine(fn):
+    cases = [(1e-3, 1e-4, 100, 2000), (1.0, 0.0, 0, 10), (3e-3, 3e-4, 10, 10)]
+    for max_lr, min_lr, warmup, decay in cases:
+        for s in range(0, decay + 20):
+            want = cosine_lr(s, max_lr, min_lr, warmup, decay)
+            with forbidden(fn, optim, "cosine_lr", "this exercise writes it"):
+                got = fn(s, max_lr, min_lr, warmup, decay)
+            assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15), (
+                f"step {s} of (max_lr={max_lr}, min_lr={min_lr}, warmup={warmup}, decay={decay}): "
+                f"got {got}, cosine_lr gives {want}"
+            )
+
+
+def test_clip_by_global_norm(fn):
+    g = np.random.default_rng(5)
+    for scale, max_norm in [(10.0, 1.0), (0.01, 1.0), (3.0, 0.5)]:
+        grads = [scale * g.standard_normal(s) for s in [(4, 3), (7,), (2, 5, 2)]]
+        originals = [a.copy() for a in grads]
+        tensors = [mg.Tensor(np.zeros(a.shape), requires_grad=True) for a in grads]
+        for t, a in zip(tensors, grads, strict=True):
+            t.grad = a.copy()
+        want_norm = clip_grad_norm_(tensors, max_norm)
+        with forbidden(fn, optim, "clip_grad_norm_", "this exercise writes it"):
+            clipped, norm = fn(grads, max_norm)
+        assert math.isclose(norm, want_norm, rel_tol=1e-9), f"norm {norm}, expected {want_norm}"
+        assert len(clipped) == len(grads)
+        for c, t in zip(clipped, tensors, strict=True):
+            assert np.allclose(c, t.grad, rtol=1e-9), f"not clip_grad_norm_'s (scale {scale})"
+        assert all(np.array_equal(a, o) for a, o in zip(grads, originals, strict=True)), (
+            "the inputs changed"
         )
 
 
-def test_count_parameters(fn):
-    small = dict(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32)
-    configs = [
-        build_configs("shakespeare-char", vocab_size=65)[0],
-        build_configs("shakespeare-char-modern", vocab_size=65)[0],  # RoPE, RMSNorm, SwiGLU, GQA
-        ModelConfig(**small, bias=True, tie_weights=False, pos="sinusoidal"),
-        ModelConfig(**small, norm_position="post", norm="rms", ffn="swiglu", bias=True),
-        ModelConfig(
-            **small, parallel_block=True, n_kv_head=1, pos="alibi", ffn_hidden=48, bias=True
-        ),
-    ]
-    expected = [Decoder(c).num_parameters() for c in configs]
-    gpt2 = ModelConfig(
-        vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, bias=True
-    )
-    with forbidden(fn, Decoder, "__init__", "count from the config, without building the model"):
-        for c, want in zip(configs, expected, strict=True):
-            got = fn(c)
-            assert got == want, f"{got} != {want} for {c}"
-        assert fn(gpt2) == 124_439_808, "GPT-2 small has 124,439,808 parameters"
+def test_adam_l2_step(fn):
+    g_rng = np.random.default_rng(7)
+    settings = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8)
+    wd = 0.5
+    p0 = g_rng.standard_normal((3, 4))
+    coupled = mg.Tensor(p0.copy(), requires_grad=True)
+    decoupled = mg.Tensor(p0.copy(), requires_grad=True)
+    opt_coupled = AdamW([coupled], weight_decay=0.0, **settings)
+    opt_decoupled = AdamW([decoupled], weight_decay=wd, **settings)
+    p, m, v = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)
+    for t in range(1, 8):
+        g = g_rng.standard_normal(p0.shape)
+        coupled.grad = g + wd * coupled.data  # L2: the decay goes through Adam's scaling
+        opt_coupled.step()
+        decoupled.grad = g.copy()
+        opt_decoupled.step()
+        p, m, v = fn(p, g, m, v, t, weight_decay=wd, **settings)
+        assert np.allclose(p, coupled.data, rtol=1e-10, atol=1e-12), f"wrong at step {t}"
+    assert not np.allclose(p, decoupled.data, atol=1e-3), "that is AdamW's decoupled decay"

@@ -1,67 +1,93 @@
-"""Checks of lesson 9 (training): ``warmup_cosine``, ``clip_by_global_norm`` and
-``adam_l2_step``."""
+"""Checks of lesson 10 (generation): ``min_p_probs``, ``greedy_generate`` and
+``greedy_generate_cached``.
+
+The decoding checks use a small untrained model: greedy decoding must match
+``Decoder.generate`` token for token whatever the weights.
+"""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from exercises import forbidden
 
 import minigrad as mg
-from minigrad import optim
-from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr
+from decoder.config import ModelConfig
+from decoder.model import Decoder
+from decoder.tokenizer import CharTokenizer
+from minigrad import functional as F
+
+PROMPTS = ("ROMEO:\n", "First Citizen:\nWe are", "KING:\nMy lord")
 
 
-def test_warmup_cosine(fn):
-    cases = [(1e-3, 1e-4, 100, 2000), (1.0, 0.0, 0, 10), (3e-3, 3e-4, 10, 10)]
-    for max_lr, min_lr, warmup, decay in cases:
-        for s in range(0, decay + 20):
-            want = cosine_lr(s, max_lr, min_lr, warmup, decay)
-            with forbidden(fn, optim, "cosine_lr", "this exercise writes it"):
-                got = fn(s, max_lr, min_lr, warmup, decay)
-            assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15), (
-                f"step {s} of (max_lr={max_lr}, min_lr={min_lr}, warmup={warmup}, decay={decay}): "
-                f"got {got}, cosine_lr gives {want}"
-            )
+def small_model() -> tuple[Decoder, CharTokenizer]:
+    """A seeded untrained model with a 16-token context, and a tokenizer for the prompts."""
+    tok = CharTokenizer.from_text("".join(PROMPTS) + "abcdefghijklmnopqrstuvwxyz ,.;!?")
+    mg.manual_seed(0)
+    config = ModelConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    return Decoder(config), tok
 
 
-def test_clip_by_global_norm(fn):
-    g = np.random.default_rng(5)
-    for scale, max_norm in [(10.0, 1.0), (0.01, 1.0), (3.0, 0.5)]:
-        grads = [scale * g.standard_normal(s) for s in [(4, 3), (7,), (2, 5, 2)]]
-        originals = [a.copy() for a in grads]
-        tensors = [mg.Tensor(np.zeros(a.shape), requires_grad=True) for a in grads]
-        for t, a in zip(tensors, grads, strict=True):
-            t.grad = a.copy()
-        want_norm = clip_grad_norm_(tensors, max_norm)
-        with forbidden(fn, optim, "clip_grad_norm_", "this exercise writes it"):
-            clipped, norm = fn(grads, max_norm)
-        assert math.isclose(norm, want_norm, rel_tol=1e-9), f"norm {norm}, expected {want_norm}"
-        assert len(clipped) == len(grads)
-        for c, t in zip(clipped, tensors, strict=True):
-            assert np.allclose(c, t.grad, rtol=1e-9), f"not clip_grad_norm_'s (scale {scale})"
-        assert all(np.array_equal(a, o) for a, o in zip(grads, originals, strict=True)), (
-            "the inputs changed"
+class CallLog:
+    """Wraps the model and records, per forward pass, its length T and whether it had caches."""
+
+    def __init__(self, model: Decoder):
+        self.model, self.calls = model, []
+
+    def __call__(self, ids, targets=None, caches=None):
+        self.calls.append((np.shape(ids)[-1], caches is not None))
+        return self.model(ids, targets, caches=caches)
+
+    def __getattr__(self, name):  # config, new_caches, ...
+        return getattr(self.model, name)
+
+
+def test_min_p_probs(fn):
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    got = fn(np.log(probs), 0.2)  # threshold 0.2 * 0.5 = 0.1: the last token goes
+    want = [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0]
+    assert np.allclose(got, want), (
+        f"got {got}, want {want} (the cut is min_p * the top probability)"
+    )
+    assert np.allclose(fn(np.log(probs) + 1000, 0.2), got), "large logits: subtract the max"
+    g = np.random.default_rng(2)
+    logits = 2 * g.standard_normal(65)
+    softmax = F.softmax(mg.tensor(logits, dtype="float64"), axis=-1).numpy()
+    assert np.allclose(fn(logits, 0.0), softmax), "min_p = 0 keeps the whole softmax"
+    one_hot = np.eye(65)[np.argmax(logits)]
+    assert np.allclose(fn(logits, 1.0), one_hot), "min_p = 1 keeps only the top token"
+    q = fn(logits, 0.1)
+    kept = q > 0
+    assert np.isclose(q.sum(), 1.0)
+    assert np.array_equal(kept, softmax >= 0.1 * softmax.max())
+    assert np.allclose(q[kept], softmax[kept] / softmax[kept].sum())
+
+
+def test_greedy_generate(fn):
+    model, tok = small_model()
+    block_size = model.config.block_size
+    for prompt, n in [(PROMPTS[0], 5), (PROMPTS[1], 2 * block_size)]:
+        ids = tok.encode(prompt)
+        want = list(model.generate(ids, n, temperature=0, use_cache=False))
+        logged = CallLog(model)
+        with forbidden(fn, Decoder, "generate", "write the decoding loop yourself"):
+            got = [int(t) for t in fn(logged, ids, n)]
+        assert got == want, f"after {prompt!r}: got {tok.decode(got)!r}, want {tok.decode(want)!r}"
+        lengths = [min(len(ids) + i, block_size) for i in range(n)]
+        assert logged.calls == [(T, False) for T in lengths], (
+            "run the model once per new token, on the whole context cropped to block_size, "
+            "without caches"
         )
 
 
-def test_adam_l2_step(fn):
-    g_rng = np.random.default_rng(7)
-    settings = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-8)
-    wd = 0.5
-    p0 = g_rng.standard_normal((3, 4))
-    coupled = mg.Tensor(p0.copy(), requires_grad=True)
-    decoupled = mg.Tensor(p0.copy(), requires_grad=True)
-    opt_coupled = AdamW([coupled], weight_decay=0.0, **settings)
-    opt_decoupled = AdamW([decoupled], weight_decay=wd, **settings)
-    p, m, v = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)
-    for t in range(1, 8):
-        g = g_rng.standard_normal(p0.shape)
-        coupled.grad = g + wd * coupled.data  # L2: the decay goes through Adam's scaling
-        opt_coupled.step()
-        decoupled.grad = g.copy()
-        opt_decoupled.step()
-        p, m, v = fn(p, g, m, v, t, weight_decay=wd, **settings)
-        assert np.allclose(p, coupled.data, rtol=1e-10, atol=1e-12), f"wrong at step {t}"
-    assert not np.allclose(p, decoupled.data, atol=1e-3), "that is AdamW's decoupled decay"
+def test_greedy_generate_cached(fn):
+    model, tok = small_model()
+    block_size = model.config.block_size
+    for prompt, n in [(PROMPTS[0], 6), (PROMPTS[2], block_size - 13)]:
+        ids = tok.encode(prompt)
+        want = list(model.generate(ids, n, temperature=0, use_cache=True))
+        logged = CallLog(model)
+        with forbidden(fn, Decoder, "generate", "write the decoding loop yourself"):
+            got = [int(t) for t in fn(logged, ids, n)]
+        assert got == want, f"after {prompt!r}: got {tok.decode(got)!r}, want {tok.decode(want)!r}"
+        assert logged.calls[0] == (len(ids), True), "start with a prefill of the prompt"
+        assert logged.calls[1:] == [(1, True)] * (n - 1), "then one cached token per pass"

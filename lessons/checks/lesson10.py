@@ -1,93 +1,69 @@
-"""Checks of lesson 10 (generation): ``min_p_probs``, ``greedy_generate`` and
-``greedy_generate_cached``.
-
-The decoding checks use a small untrained model: greedy decoding must match
-``Decoder.generate`` token for token whatever the weights.
-"""
+"""Checks of lesson 6 (flash attention): ``online_softmax`` and ``merge_states``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
-from exercises import forbidden
-
-import minigrad as mg
-from decoder.config import ModelConfig
-from decoder.model import Decoder
-from decoder.tokenizer import CharTokenizer
-from minigrad import functional as F
-
-PROMPTS = ("ROMEO:\n", "First Citizen:\nWe are", "KING:\nMy lord")
 
 
-def small_model() -> tuple[Decoder, CharTokenizer]:
-    """A seeded untrained model with a 16-token context, and a tokenizer for the prompts."""
-    tok = CharTokenizer.from_text("".join(PROMPTS) + "abcdefghijklmnopqrstuvwxyz ,.;!?")
-    mg.manual_seed(0)
-    config = ModelConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=32)
-    return Decoder(config), tok
+def tiles(scores: np.ndarray, values: np.ndarray, tile: int) -> Iterator[tuple]:
+    """Yield (s, v) tiles of ``tile`` keys, each written into the same buffers, as a kernel
+    reuses its shared memory: a tile is only valid until the next one is read.
+
+    >>> [s for s, _ in tiles(np.arange(5.0), np.zeros((5, 1)), 2)][0]  # kept: overwritten
+    array([nan, nan])
+    """
+    s_buf = np.empty(tile)  # (bk,)
+    v_buf = np.empty((tile, values.shape[1]))  # (bk, hs)
+    for k0 in range(0, len(scores), tile):
+        n = min(tile, len(scores) - k0)
+        s_buf[:n], v_buf[:n] = scores[k0 : k0 + n], values[k0 : k0 + n]
+        yield s_buf[:n], v_buf[:n]
+    s_buf[:], v_buf[:] = np.nan, np.nan  # what an answer that kept the tiles would read
 
 
-class CallLog:
-    """Wraps the model and records, per forward pass, its length T and whether it had caches."""
-
-    def __init__(self, model: Decoder):
-        self.model, self.calls = model, []
-
-    def __call__(self, ids, targets=None, caches=None):
-        self.calls.append((np.shape(ids)[-1], caches is not None))
-        return self.model(ids, targets, caches=caches)
-
-    def __getattr__(self, name):  # config, new_caches, ...
-        return getattr(self.model, name)
-
-
-def test_min_p_probs(fn):
-    probs = np.array([0.5, 0.3, 0.15, 0.05])
-    got = fn(np.log(probs), 0.2)  # threshold 0.2 * 0.5 = 0.1: the last token goes
-    want = [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0]
-    assert np.allclose(got, want), (
-        f"got {got}, want {want} (the cut is min_p * the top probability)"
-    )
-    assert np.allclose(fn(np.log(probs) + 1000, 0.2), got), "large logits: subtract the max"
-    g = np.random.default_rng(2)
-    logits = 2 * g.standard_normal(65)
-    softmax = F.softmax(mg.tensor(logits, dtype="float64"), axis=-1).numpy()
-    assert np.allclose(fn(logits, 0.0), softmax), "min_p = 0 keeps the whole softmax"
-    one_hot = np.eye(65)[np.argmax(logits)]
-    assert np.allclose(fn(logits, 1.0), one_hot), "min_p = 1 keeps only the top token"
-    q = fn(logits, 0.1)
-    kept = q > 0
-    assert np.isclose(q.sum(), 1.0)
-    assert np.array_equal(kept, softmax >= 0.1 * softmax.max())
-    assert np.allclose(q[kept], softmax[kept] / softmax[kept].sum())
-
-
-def test_greedy_generate(fn):
-    model, tok = small_model()
-    block_size = model.config.block_size
-    for prompt, n in [(PROMPTS[0], 5), (PROMPTS[1], 2 * block_size)]:
-        ids = tok.encode(prompt)
-        want = list(model.generate(ids, n, temperature=0, use_cache=False))
-        logged = CallLog(model)
-        with forbidden(fn, Decoder, "generate", "write the decoding loop yourself"):
-            got = [int(t) for t in fn(logged, ids, n)]
-        assert got == want, f"after {prompt!r}: got {tok.decode(got)!r}, want {tok.decode(want)!r}"
-        lengths = [min(len(ids) + i, block_size) for i in range(n)]
-        assert logged.calls == [(T, False) for T in lengths], (
-            "run the model once per new token, on the whole context cropped to block_size, "
-            "without caches"
+def test_online_softmax(fn):
+    rng = np.random.default_rng(3)
+    s = rng.standard_normal(20) * 3
+    V = rng.standard_normal((20, 5))
+    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+    for tile in (1, 3, 7, 20, 64):
+        o, lse = fn(tiles(s, V, tile))
+        assert np.allclose(o, p @ V), (
+            f"wrong output with tile={tile}: read each tile once, in order, and keep only "
+            f"m, l and acc between tiles (the next tile overwrites this one)"
         )
+        assert np.isclose(lse, np.log(np.exp(s).sum())), f"wrong logsumexp with tile={tile}"
+    o, lse = fn(tiles(s + 1000, V, 4))  # exp(1000) overflows: needs the running max
+    assert np.allclose(o, p @ V) and np.isclose(lse, 1000 + np.log(np.exp(s).sum())), (
+        "wrong for scores near 1000: exp overflows unless you subtract the running max"
+    )
+    masked = s.copy()
+    masked[:6] = -np.inf  # the first tiles of size 3 see only masked keys
+    p_masked = np.exp(masked - masked.max()) / np.exp(masked - masked.max()).sum()
+    o, lse = fn(tiles(masked, V, 3))
+    assert np.all(np.isfinite(o)), "NaN from a fully masked first tile: re-base m = -inf on 0"
+    assert np.allclose(o, p_masked @ V)
 
 
-def test_greedy_generate_cached(fn):
-    model, tok = small_model()
-    block_size = model.config.block_size
-    for prompt, n in [(PROMPTS[0], 6), (PROMPTS[2], block_size - 13)]:
-        ids = tok.encode(prompt)
-        want = list(model.generate(ids, n, temperature=0, use_cache=True))
-        logged = CallLog(model)
-        with forbidden(fn, Decoder, "generate", "write the decoding loop yourself"):
-            got = [int(t) for t in fn(logged, ids, n)]
-        assert got == want, f"after {prompt!r}: got {tok.decode(got)!r}, want {tok.decode(want)!r}"
-        assert logged.calls[0] == (len(ids), True), "start with a prefill of the prompt"
-        assert logged.calls[1:] == [(1, True)] * (n - 1), "then one cached token per pass"
+def test_merge_states(fn):
+    rng = np.random.default_rng(4)
+    s = rng.standard_normal(30) * 2
+    V = rng.standard_normal((30, 4))
+
+    def state(idx):
+        m = s[idx].max()
+        w = np.exp(s[idx] - m)
+        return m, w.sum(), w @ V[idx]
+
+    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+    for cut in (1, 11, 29):
+        m, l, acc = fn(state(np.arange(cut)), state(np.arange(cut, 30)))
+        assert np.isclose(m, s.max()), "the merged m must be the max over both sets"
+        assert np.allclose(acc / l, p @ V), f"wrong merged output for a cut at {cut}"
+    parts = [state(np.arange(i, 30, 3)) for i in range(3)]  # keys 0, 3, 6, ...; 1, 4, ...
+    m, l, acc = fn(fn(parts[0], parts[1]), parts[2])  # three interleaved sets of keys
+    m2, l2, acc2 = fn(parts[2], fn(parts[1], parts[0]))  # merged in another order
+    assert np.allclose(acc / l, p @ V) and np.allclose(acc2 / l2, p @ V)
+    assert np.isclose(m, m2) and np.isclose(l, l2), "merging must not depend on the order"

@@ -1,37 +1,32 @@
-"""Reference answers to the exercises of lesson 6 (flash attention).
+"""Reference answers to lesson 7 (the transformer block): RMSNorm from primitives, the
+LayerNorm input gradient by hand, and SwiGLU as a function of its weights."""
 
-Reveal one in the notebook with ``%load solutions/lesson06.py``.
-"""
-
-import math
-from collections.abc import Iterable
+from __future__ import annotations
 
 import numpy as np
 
-
-def online_softmax(tiles: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
-    """softmax(scores) @ values and logsumexp(scores), from (s, v) tiles of keys read once."""
-    m, l, acc = -math.inf, 0.0, 0.0
-    for s, v in tiles:  # (bk,), (bk, hs): valid until the next tile is read
-        m_new = max(m, float(s.max()))
-        # subtle: while every key so far is masked, m_new = -inf and s - m_new would be
-        # -inf - -inf = NaN; re-basing on 0 gives p = 0 and alpha = 0, which is the truth.
-        m_safe = 0.0 if m_new == -math.inf else m_new
-        alpha = math.exp(m - m_safe)  # re-bases the old l and acc on the new max
-        p = np.exp(s - m_safe)  # (bk,)
-        l = alpha * l + p.sum()
-        acc = alpha * acc + p @ v  # (bk,) @ (bk, hs) -> (hs,): a new array, not a view
-        m = m_new
-    return acc / l, m + math.log(l)
+import minigrad as mg
+from minigrad import functional as F
 
 
-def merge_states(
-    state_a: tuple[float, float, np.ndarray], state_b: tuple[float, float, np.ndarray]
-) -> tuple[float, float, np.ndarray]:
-    """Merge two online-softmax states (m, l, acc) of one row over disjoint sets of keys."""
-    m_a, l_a, acc_a = state_a
-    m_b, l_b, acc_b = state_b
-    m = max(m_a, m_b)
-    # re-base both on the common max: exp(s - m_a) * exp(m_a - m) = exp(s - m)
-    alpha_a, alpha_b = math.exp(m_a - m), math.exp(m_b - m)
-    return m, alpha_a * l_a + alpha_b * l_b, alpha_a * acc_a + alpha_b * acc_b
+def rms_norm(x: mg.Tensor, weight: mg.Tensor, eps: float = 1e-6) -> mg.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, from Tensor ops only."""
+    mean_sq = (x * x).mean(axis=-1, keepdims=True)  # (..., C) -> (..., 1)
+    return x / (mean_sq + eps).sqrt() * weight
+
+
+def layer_norm_backward(
+    x: np.ndarray, weight: np.ndarray, grad_out: np.ndarray, eps: float = 1e-5
+) -> np.ndarray:
+    """dL/dx = r (g - mean(g) - xhat mean(g xhat)), g = grad_out * weight, means over C."""
+    mu = x.mean(axis=-1, keepdims=True)  # (..., C) -> (..., 1)
+    r = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + eps)  # (..., 1)
+    xhat = (x - mu) * r
+    g = grad_out * weight
+    return r * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+
+
+def swiglu(x: mg.Tensor, w1: mg.Tensor, w2: mg.Tensor, w3: mg.Tensor) -> mg.Tensor:
+    """W2 (silu(W1 x) * W3 x), weights in nn.Linear's (out_features, in_features) layout."""
+    h = F.silu(F.linear(x, w1)) * F.linear(x, w3)  # (..., C) -> (..., hidden)
+    return F.linear(h, w2)  # (..., hidden) -> (..., C)

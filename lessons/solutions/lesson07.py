@@ -1,32 +1,59 @@
-"""Reference answers to lesson 7 (the transformer block): RMSNorm from primitives, the
-LayerNorm input gradient by hand, and SwiGLU as a function of its weights."""
+"""Reference answers to lesson 8 (the model and its loss): ``cross_entropy_grad`` and
+``count_parameters``.
+
+Reveal them in the notebook with ``%load solutions/lesson08.py``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-import minigrad as mg
-from minigrad import functional as F
+from decoder.config import ModelConfig
 
 
-def rms_norm(x: mg.Tensor, weight: mg.Tensor, eps: float = 1e-6) -> mg.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight over the last axis, from Tensor ops only."""
-    mean_sq = (x * x).mean(axis=-1, keepdims=True)  # (..., C) -> (..., 1)
-    return x / (mean_sq + eps).sqrt() * weight
+def cross_entropy_grad(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """d/d(logits) of the mean cross-entropy of ``logits`` (N, V) against ``targets`` (N,).
+
+    Row n is (softmax(logits[n]) - onehot(targets[n])) / N.
+
+    >>> cross_entropy_grad(np.zeros((1, 2)), np.array([1]))
+    array([[ 0.5, -0.5]])
+    """
+    N = logits.shape[0]
+    shifted = logits - logits.max(axis=1, keepdims=True)  # exp cannot overflow; p is unchanged
+    p = np.exp(shifted)
+    p /= p.sum(axis=1, keepdims=True)  # (N, V) softmax
+    p[np.arange(N), targets] -= 1.0  # minus the one-hot: one column per row
+    return p / N
 
 
-def layer_norm_backward(
-    x: np.ndarray, weight: np.ndarray, grad_out: np.ndarray, eps: float = 1e-5
-) -> np.ndarray:
-    """dL/dx = r (g - mean(g) - xhat mean(g xhat)), g = grad_out * weight, means over C."""
-    mu = x.mean(axis=-1, keepdims=True)  # (..., C) -> (..., 1)
-    r = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + eps)  # (..., 1)
-    xhat = (x - mu) * r
-    g = grad_out * weight
-    return r * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+def count_parameters(config: ModelConfig) -> int:
+    """The number of parameters of ``Decoder(config)``, from the config alone.
 
+    >>> count_parameters(ModelConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4,
+    ...                              n_embd=128))
+    804096
+    """
+    C, V, H, b = config.n_embd, config.vocab_size, config.ffn_hidden, config.bias
+    kv = config.n_kv_head * config.head_size  # the width of wk's and wv's outputs
 
-def swiglu(x: mg.Tensor, w1: mg.Tensor, w2: mg.Tensor, w3: mg.Tensor) -> mg.Tensor:
-    """W2 (silu(W1 x) * W3 x), weights in nn.Linear's (out_features, in_features) layout."""
-    h = F.silu(F.linear(x, w1)) * F.linear(x, w3)  # (..., C) -> (..., hidden)
-    return F.linear(h, w2)  # (..., hidden) -> (..., C)
+    def linear(n_in: int, n_out: int) -> int:
+        return n_in * n_out + (n_out if b else 0)
+
+    norm = C * (2 if config.norm == "layer" and b else 1)  # gain, plus a shift for LayerNorm
+    attn = linear(C, C) + 2 * linear(C, kv) + linear(C, C)  # wq, wk, wv, wo
+    if config.ffn == "gelu":
+        ffn = linear(C, H) + linear(H, C)  # w1, w2
+    else:
+        ffn = 2 * linear(C, H) + linear(H, C)  # w1, w3, w2
+    norms_per_block = 1 if config.parallel_block else 2
+    block = attn + ffn + norms_per_block * norm
+
+    total = V * C + config.n_layer * block  # token embedding and the blocks
+    if config.pos == "learned":
+        total += config.block_size * C
+    if config.norm_position == "pre":
+        total += norm  # norm_f
+    if not config.tie_weights:
+        total += V * C  # lm_head, which has no bias
+    return total

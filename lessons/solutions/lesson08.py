@@ -1,59 +1,67 @@
-"""Reference answers to lesson 8 (the model and its loss): ``cross_entropy_grad`` and
-``count_parameters``.
+"""Reference answers to lesson 9 (training): ``warmup_cosine``, ``clip_by_global_norm`` and
+``adam_l2_step``.
 
-Reveal them in the notebook with ``%load solutions/lesson08.py``.
+Reveal them in the notebook with ``%load solutions/lesson09.py``.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from decoder.config import ModelConfig
 
+def warmup_cosine(
+    step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_steps: int
+) -> float:
+    """Linear warmup, then a half cosine from ``max_lr`` to ``min_lr``, then ``min_lr``.
 
-def cross_entropy_grad(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """d/d(logits) of the mean cross-entropy of ``logits`` (N, V) against ``targets`` (N,).
-
-    Row n is (softmax(logits[n]) - onehot(targets[n])) / N.
-
-    >>> cross_entropy_grad(np.zeros((1, 2)), np.array([1]))
-    array([[ 0.5, -0.5]])
+    >>> [round(warmup_cosine(s, 1.0, 0.1, 4, 8), 3) for s in (0, 3, 4, 6, 9)]
+    [0.2, 0.8, 1.0, 0.55, 0.1]
     """
-    N = logits.shape[0]
-    shifted = logits - logits.max(axis=1, keepdims=True)  # exp cannot overflow; p is unchanged
-    p = np.exp(shifted)
-    p /= p.sum(axis=1, keepdims=True)  # (N, V) softmax
-    p[np.arange(N), targets] -= 1.0  # minus the one-hot: one column per row
-    return p / N
+    if step < warmup_steps:
+        return max_lr * (step + 1) / (warmup_steps + 1)
+    if step >= decay_steps:
+        return min_lr
+    ratio = (step - warmup_steps) / (decay_steps - warmup_steps)  # 0 -> 1 over the decay
+    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * ratio))
 
 
-def count_parameters(config: ModelConfig) -> int:
-    """The number of parameters of ``Decoder(config)``, from the config alone.
+def clip_by_global_norm(grads: list[np.ndarray], max_norm: float) -> tuple[list[np.ndarray], float]:
+    """Copies of ``grads`` scaled together to a global L2 norm of at most ``max_norm``, and
+    the norm before clipping.
 
-    >>> count_parameters(ModelConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4,
-    ...                              n_embd=128))
-    804096
+    >>> clipped, norm = clip_by_global_norm([np.array([3.0]), np.array([4.0])], 1.0)
+    >>> norm, [c.round(4).tolist() for c in clipped]
+    (5.0, [[0.6], [0.8]])
     """
-    C, V, H, b = config.n_embd, config.vocab_size, config.ffn_hidden, config.bias
-    kv = config.n_kv_head * config.head_size  # the width of wk's and wv's outputs
+    norm = float(np.sqrt(sum(np.sum(g * g) for g in grads)))  # one vector of all the tensors
+    scale = min(1.0, max_norm / (norm + 1e-6))  # one scale for all: the direction is kept
+    return [g * scale for g in grads], norm
 
-    def linear(n_in: int, n_out: int) -> int:
-        return n_in * n_out + (n_out if b else 0)
 
-    norm = C * (2 if config.norm == "layer" and b else 1)  # gain, plus a shift for LayerNorm
-    attn = linear(C, C) + 2 * linear(C, kv) + linear(C, C)  # wq, wk, wv, wo
-    if config.ffn == "gelu":
-        ffn = linear(C, H) + linear(H, C)  # w1, w2
-    else:
-        ffn = 2 * linear(C, H) + linear(H, C)  # w1, w3, w2
-    norms_per_block = 1 if config.parallel_block else 2
-    block = attn + ffn + norms_per_block * norm
+def adam_l2_step(
+    p: np.ndarray,
+    g: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    t: int,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One step of Adam with coupled L2 decay (t from 1): the decay joins the gradient.
 
-    total = V * C + config.n_layer * block  # token embedding and the blocks
-    if config.pos == "learned":
-        total += config.block_size * C
-    if config.norm_position == "pre":
-        total += norm  # norm_f
-    if not config.tie_weights:
-        total += V * C  # lm_head, which has no bias
-    return total
+    >>> p, m, v = adam_l2_step(np.array([1.0]), np.array([0.0]), 0.0, 0.0, t=1, lr=0.1,
+    ...                        weight_decay=1.0)
+    >>> p.round(6).tolist()  # the gradient is 0 + 1.0 * p: a sign step of lr
+    [0.9]
+    """
+    b1, b2 = betas
+    g = g + weight_decay * p  # L2: the penalty's gradient, later divided by sqrt(v_hat)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    m_hat = m / (1 - b1**t)
+    v_hat = v / (1 - b2**t)
+    return p - lr * m_hat / (np.sqrt(v_hat) + eps), m, v

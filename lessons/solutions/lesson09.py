@@ -1,67 +1,56 @@
-"""Reference answers to lesson 9 (training): ``warmup_cosine``, ``clip_by_global_norm`` and
-``adam_l2_step``.
+"""Reference answers to lesson 10 (generation): ``min_p_probs``, ``greedy_generate`` and
+``greedy_generate_cached``.
 
-Reveal them in the notebook with ``%load solutions/lesson09.py``.
+Reveal them in the notebook with ``%load solutions/lesson10.py``.
 """
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import numpy as np
 
+import minigrad as mg
 
-def warmup_cosine(
-    step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_steps: int
-) -> float:
-    """Linear warmup, then a half cosine from ``max_lr`` to ``min_lr``, then ``min_lr``.
 
-    >>> [round(warmup_cosine(s, 1.0, 0.1, 4, 8), 3) for s in (0, 3, 4, 6, 9)]
-    [0.2, 0.8, 1.0, 0.55, 0.1]
+def min_p_probs(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """The softmax of ``logits`` without the tokens below ``min_p`` times the top probability.
+
+    >>> min_p_probs(np.log(np.array([0.5, 0.3, 0.15, 0.05])), 0.2).round(4).tolist()
+    [0.5263, 0.3158, 0.1579, 0.0]
     """
-    if step < warmup_steps:
-        return max_lr * (step + 1) / (warmup_steps + 1)
-    if step >= decay_steps:
-        return min_lr
-    ratio = (step - warmup_steps) / (decay_steps - warmup_steps)  # 0 -> 1 over the decay
-    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * ratio))
+    logits = np.asarray(logits, dtype=np.float64)
+    probs = np.exp(logits - logits.max())  # subtract the max: exp cannot overflow
+    probs /= probs.sum()
+    probs = np.where(probs >= min_p * probs.max(), probs, 0.0)  # the top token always stays
+    return probs / probs.sum()
 
 
-def clip_by_global_norm(grads: list[np.ndarray], max_norm: float) -> tuple[list[np.ndarray], float]:
-    """Copies of ``grads`` scaled together to a global L2 norm of at most ``max_norm``, and
-    the norm before clipping.
+def greedy_generate(model: Any, ids: list[int], n: int) -> list[int]:
+    """The ``n`` tokens greedy decoding appends to ``ids``, recomputing the context each step."""
+    block_size = model.config.block_size
+    context, new = list(ids), []
+    with mg.no_grad():
+        for _ in range(n):
+            logits, _ = model([context[-block_size:]])  # (1, T, V): crop to the context
+            token = int(np.argmax(logits.numpy()[0, -1]))  # the last position scores the next
+            context.append(token)
+            new.append(token)
+    return new
 
-    >>> clipped, norm = clip_by_global_norm([np.array([3.0]), np.array([4.0])], 1.0)
-    >>> norm, [c.round(4).tolist() for c in clipped]
-    (5.0, [[0.6], [0.8]])
+
+def greedy_generate_cached(model: Any, ids: list[int], n: int) -> list[int]:
+    """Greedy decoding with a KV cache: one prefill of ``ids``, then one token per pass.
+
+    Assumes ``len(ids) + n <= model.config.block_size`` (the cache never overflows).
     """
-    norm = float(np.sqrt(sum(np.sum(g * g) for g in grads)))  # one vector of all the tensors
-    scale = min(1.0, max_norm / (norm + 1e-6))  # one scale for all: the direction is kept
-    return [g * scale for g in grads], norm
-
-
-def adam_l2_step(
-    p: np.ndarray,
-    g: np.ndarray,
-    m: np.ndarray,
-    v: np.ndarray,
-    t: int,
-    lr: float,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One step of Adam with coupled L2 decay (t from 1): the decay joins the gradient.
-
-    >>> p, m, v = adam_l2_step(np.array([1.0]), np.array([0.0]), 0.0, 0.0, t=1, lr=0.1,
-    ...                        weight_decay=1.0)
-    >>> p.round(6).tolist()  # the gradient is 0 + 1.0 * p: a sign step of lr
-    [0.9]
-    """
-    b1, b2 = betas
-    g = g + weight_decay * p  # L2: the penalty's gradient, later divided by sqrt(v_hat)
-    m = b1 * m + (1 - b1) * g
-    v = b2 * v + (1 - b2) * g * g
-    m_hat = m / (1 - b1**t)
-    v_hat = v / (1 - b2**t)
-    return p - lr * m_hat / (np.sqrt(v_hat) + eps), m, v
+    caches = model.new_caches(1)
+    new = []
+    with mg.no_grad():
+        logits, _ = model([list(ids)], caches=caches)  # prefill: (1, len(ids), V)
+        for step in range(n):
+            token = int(np.argmax(logits.numpy()[0, -1]))
+            new.append(token)
+            if step + 1 < n:  # the last token needs no forward pass
+                logits, _ = model([[token]], caches=caches)  # (1, 1, V)
+    return new

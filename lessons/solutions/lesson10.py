@@ -1,56 +1,37 @@
-"""Reference answers to lesson 10 (generation): ``min_p_probs``, ``greedy_generate`` and
-``greedy_generate_cached``.
+"""Reference answers to the exercises of lesson 6 (flash attention).
 
-Reveal them in the notebook with ``%load solutions/lesson10.py``.
+Reveal one in the notebook with ``%load solutions/lesson06.py``.
 """
 
-from __future__ import annotations
-
-from typing import Any
+import math
+from collections.abc import Iterable
 
 import numpy as np
 
-import minigrad as mg
+
+def online_softmax(tiles: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
+    """softmax(scores) @ values and logsumexp(scores), from (s, v) tiles of keys read once."""
+    m, l, acc = -math.inf, 0.0, 0.0
+    for s, v in tiles:  # (bk,), (bk, hs): valid until the next tile is read
+        m_new = max(m, float(s.max()))
+        # subtle: while every key so far is masked, m_new = -inf and s - m_new would be
+        # -inf - -inf = NaN; re-basing on 0 gives p = 0 and alpha = 0, which is the truth.
+        m_safe = 0.0 if m_new == -math.inf else m_new
+        alpha = math.exp(m - m_safe)  # re-bases the old l and acc on the new max
+        p = np.exp(s - m_safe)  # (bk,)
+        l = alpha * l + p.sum()
+        acc = alpha * acc + p @ v  # (bk,) @ (bk, hs) -> (hs,): a new array, not a view
+        m = m_new
+    return acc / l, m + math.log(l)
 
 
-def min_p_probs(logits: np.ndarray, min_p: float) -> np.ndarray:
-    """The softmax of ``logits`` without the tokens below ``min_p`` times the top probability.
-
-    >>> min_p_probs(np.log(np.array([0.5, 0.3, 0.15, 0.05])), 0.2).round(4).tolist()
-    [0.5263, 0.3158, 0.1579, 0.0]
-    """
-    logits = np.asarray(logits, dtype=np.float64)
-    probs = np.exp(logits - logits.max())  # subtract the max: exp cannot overflow
-    probs /= probs.sum()
-    probs = np.where(probs >= min_p * probs.max(), probs, 0.0)  # the top token always stays
-    return probs / probs.sum()
-
-
-def greedy_generate(model: Any, ids: list[int], n: int) -> list[int]:
-    """The ``n`` tokens greedy decoding appends to ``ids``, recomputing the context each step."""
-    block_size = model.config.block_size
-    context, new = list(ids), []
-    with mg.no_grad():
-        for _ in range(n):
-            logits, _ = model([context[-block_size:]])  # (1, T, V): crop to the context
-            token = int(np.argmax(logits.numpy()[0, -1]))  # the last position scores the next
-            context.append(token)
-            new.append(token)
-    return new
-
-
-def greedy_generate_cached(model: Any, ids: list[int], n: int) -> list[int]:
-    """Greedy decoding with a KV cache: one prefill of ``ids``, then one token per pass.
-
-    Assumes ``len(ids) + n <= model.config.block_size`` (the cache never overflows).
-    """
-    caches = model.new_caches(1)
-    new = []
-    with mg.no_grad():
-        logits, _ = model([list(ids)], caches=caches)  # prefill: (1, len(ids), V)
-        for step in range(n):
-            token = int(np.argmax(logits.numpy()[0, -1]))
-            new.append(token)
-            if step + 1 < n:  # the last token needs no forward pass
-                logits, _ = model([[token]], caches=caches)  # (1, 1, V)
-    return new
+def merge_states(
+    state_a: tuple[float, float, np.ndarray], state_b: tuple[float, float, np.ndarray]
+) -> tuple[float, float, np.ndarray]:
+    """Merge two online-softmax states (m, l, acc) of one row over disjoint sets of keys."""
+    m_a, l_a, acc_a = state_a
+    m_b, l_b, acc_b = state_b
+    m = max(m_a, m_b)
+    # re-base both on the common max: exp(s - m_a) * exp(m_a - m) = exp(s - m)
+    alpha_a, alpha_b = math.exp(m_a - m), math.exp(m_b - m)
+    return m, alpha_a * l_a + alpha_b * l_b, alpha_a * acc_a + alpha_b * acc_b

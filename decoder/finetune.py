@@ -235,7 +235,8 @@ def train_adapters(model: Any, data: TokenDataset, cfg: TrainConfig, say: Any) -
     max_iters = cfg.max_iters
     for step in range(max_iters):
         set_lr(optimizer, lr_at(step, cfg))
-        x, y = data.get_batch("train", cfg.batch_size, model.config.block_size, rng)
+        rows = cfg.batch_size * cfg.grad_accum_steps  # batch_size is one micro-batch
+        x, y = data.get_batch("train", rows, model.config.block_size, rng)
         loss = train_step(model, optimizer, x, y, cfg, step + 1)
         if (step + 1) % max(1, max_iters // 10) == 0:
             say(f"step {step + 1}/{max_iters}: loss {loss:.4f}")

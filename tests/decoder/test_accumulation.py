@@ -86,3 +86,19 @@ def test_an_accumulating_run_resumes_exactly(tmp_path):
     first = train(*cfgs, TEXT, tmp_path / "split", progress=False, until=4)
     rest = train(*cfgs, TEXT, tmp_path / "split", resume=True, progress=False)
     assert first["losses"] + rest["losses"] == whole["losses"]  # bitwise
+
+
+def test_a_fine_tune_accumulates_as_the_base_run_did():
+    from decoder.data import TokenDataset
+    from decoder.finetune import train_adapters
+    from decoder.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer("char", text=TEXT)
+    data = TokenDataset.from_text(TEXT, tokenizer)
+    mg.manual_seed(0)
+    model = Decoder(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=8, n_layer=1))
+    cfg = TrainConfig(batch_size=1, grad_accum_steps=2, max_iters=2, warmup_iters=1)
+    before = [p.data.copy() for p in model.parameters()]
+    train_adapters(model, data, cfg, say=lambda *a: None)  # 2 rows a step, 1 per micro-batch
+    after = [p.data for p in model.parameters()]
+    assert all(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))

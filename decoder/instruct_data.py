@@ -19,8 +19,10 @@ the opening words, which a model trained on the text scores already: DPO sharpen
 Every example fits a context of ``context`` tokens for a character-level model (its text
 and the chat template's three markers: decoder/chat.py), so the default suits
 shakespeare-char's 64. Generation is deterministic in (text, n, seed, context) and cached as
-JSONL under ``cache_dir() / "instruct"``. Examples keep the order of the text, and the last
-VAL_FRACTION of them (the end of the play) is held out, as TokenDataset splits tokens.
+JSONL under ``cache_dir() / "instruct"``. Examples come grouped by speech, the speeches in a
+seeded random order, and the datasets hold out the last VAL_FRACTION: so a held-out line is
+never trained on (but in the one speech the boundary may cut), and every speaker is in both
+splits (the end of the text, as TokenDataset holds out, is one play's cast alone).
 
 Users bring their own data as JSONL, one object per line: ``{"instruction", "response"}`` for
 SFT, ``{"prompt", "chosen", "rejected"}`` for DPO (the formats of Alpaca and of Anthropic's
@@ -97,7 +99,8 @@ def make_instructions(text: str, n: int, seed: int, context: int) -> list[dict[s
             if pair and _fits(context, *pair):
                 cont.append((position, "continue", *pair))
     chosen = _pick(rng, speaker, n // 2) + _pick(rng, cont, n - n // 2)
-    chosen.sort(key=lambda e: e[0])  # the order of the text: the end is held out
+    rank = rng.permutation(len(talks))  # the speeches' order: the last ones are held out
+    chosen.sort(key=lambda e: rank[e[0]])
     return [{"task": t, "instruction": q, "response": a} for _, t, q, a in chosen]
 
 
@@ -106,7 +109,8 @@ def make_preferences(text: str, n: int, seed: int, context: int) -> list[dict[st
     a wrong rest (another speaker's, or the true words shuffled), alternately."""
     rng = np.random.default_rng(seed)
     items = []  # (position, speaker, prompt, rest)
-    for position, (who, lines) in enumerate(speeches(text)):
+    talks = speeches(text)
+    for position, (who, lines) in enumerate(talks):
         for line in lines:
             pair = _continue_prompt(who, line)
             if pair:
@@ -129,7 +133,8 @@ def make_preferences(text: str, n: int, seed: int, context: int) -> list[dict[st
             pairs.append((position, prompt, rest, rejected))
         if len(pairs) == n:
             break
-    pairs.sort(key=lambda p: p[0])
+    rank = rng.permutation(len(talks))  # as in make_instructions
+    pairs.sort(key=lambda p: rank[p[0]])
     return [{"prompt": p, "chosen": c, "rejected": r} for _, p, c, r in pairs]
 
 

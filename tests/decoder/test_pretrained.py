@@ -65,6 +65,10 @@ def hf_model(tf, kind: str, **overrides):
         "gpt2": lambda: tf.GPT2Config(
             n_layer=2, n_head=2, n_embd=16, vocab_size=V, n_positions=64, **ids
         ),
+        "gpt2-untied": lambda: tf.GPT2Config(
+            n_layer=1, n_head=2, n_embd=16, vocab_size=V, n_positions=64,
+            tie_word_embeddings=False, **ids
+        ),
         "llama": lambda: tf.LlamaConfig(**llama, rope_theta=500.0),  # GQA, untied
         "llama-tied": lambda: tf.LlamaConfig(**{**llama, "num_key_value_heads": 1},
                                              tie_word_embeddings=True),
@@ -73,6 +77,7 @@ def hf_model(tf, kind: str, **overrides):
     }  # fmt: skip
     classes = {
         "gpt2": tf.GPT2LMHeadModel,
+        "gpt2-untied": tf.GPT2LMHeadModel,
         "llama": tf.LlamaForCausalLM,
         "llama-tied": tf.LlamaForCausalLM,
         "mistral": tf.MistralForCausalLM,
@@ -145,11 +150,12 @@ def test_float16_weights_load_as_float32(tf, tmp_path):
     np.testing.assert_allclose(ours(ids)[0].data, hf_logits(model.float(), ids), atol=2e-5)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["gpt2", "gpt2-untied", "llama", "qwen2"])
 def test_a_model_we_save_loads_in_transformers(tf, tmp_path, kind):
     model = hf_model(tf, kind)
     model.save_pretrained(tmp_path / "theirs")
     ours = Decoder.from_pretrained(tmp_path / "theirs")
+    assert ours.config.tie_weights == model.config.tie_word_embeddings
     ours.save_pretrained(tmp_path / "ours")
     back = type(model).from_pretrained(tmp_path / "ours").eval()
     ids = np.arange(10)[None] % V

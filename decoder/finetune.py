@@ -68,7 +68,7 @@ from decoder.pretrained import (
 from decoder.rundir import claim_dir
 from decoder.step import TrainingDiverged, estimate_loss, train_step
 from decoder.train import lr_at
-from minigrad.backend import DEVICES, reuse_freed_memory
+from minigrad.backend import DEVICES, reuse_freed_memory, to_numpy
 from minigrad.fileio import atomic_write
 from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
 from minigrad.optim import AdamW, set_lr
@@ -219,9 +219,12 @@ def _digest(model: Any) -> str:
     the base's, so adapters are never applied to a base that changed since (retrained,
     overwritten, or another download under the same name)."""
     digest = hashlib.sha256()
-    for name, array in sorted(model.state_dict().items()):
+    # what state_dict saves, without its copies: a base of billions of weights is hashed once
+    tensors = model.named_parameters() + model.named_buffers(persistent_only=True)
+    for name, tensor in sorted(tensors, key=lambda named: named[0]):
+        array = np.ascontiguousarray(to_numpy(tensor.data))  # a GPU base: one tensor at a time
         digest.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
-        digest.update(np.ascontiguousarray(array).data)
+        digest.update(array.data)
     return digest.hexdigest()
 
 

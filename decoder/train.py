@@ -32,8 +32,8 @@ Each step draws ``batch_size * grad_accum_steps`` windows per rank from the one 
 generator, which every rank of a data-parallel run (``--ddp``, see decoder.dist) seeds alike;
 rank r trains on the r-th share, so N ranks take the steps one process takes with N times the
 rows, and a resume with another N continues the same stream of windows, grouped N'/N times as
-wide per step (the same run wherever N * grad_accum_steps stays the same). Rank 0 alone
-evaluates, logs, draws the bar and writes the checkpoints.
+wide per step (the same run, up to float rounding, wherever N * grad_accum_steps stays the
+same). Rank 0 alone evaluates, logs, draws the bar and writes the checkpoints.
 
 With ``--dtype=float16`` the weights and AdamW's state stay float32 while the forward and
 backward passes run in float16 on a scaled loss (decoder.mixed_precision); each log row

@@ -117,7 +117,9 @@ def finetune(
 
     ``checkpoint`` is one of our checkpoints, or with ``pretrained`` a Hugging Face model
     directory or hub name (decoder/pretrained.py), trained with TrainConfig's batch settings
-    and a context of ``block_size`` tokens (default: the model's).
+    and a context of ``block_size`` tokens (default: the model's). ``lr``, ``max_iters`` and
+    ``seed`` become TrainConfig fields, so a value outside their range is a ValueError naming
+    the field, as for decoder.train.
 
     ``out_dir`` is held as decoder.rundir describes: a directory holding a previous
     fine-tune's adapters is refused unless ``overwrite``. Returns ``{"val_loss_before",

@@ -222,7 +222,7 @@ class Decoder(Module):
             return None
         moes = [block.ffn for block in self.blocks]
         aux = sum(float(moe.aux_loss.item()) for moe in moes)
-        share = np.mean([moe.expert_share for moe in moes], axis=0)
+        share = np.mean([to_numpy(moe.expert_share) for moe in moes], axis=0)
         return {"aux_loss": self.config.moe_aux_weight * aux, "expert_share": share.tolist()}
 
     # ---- Hugging Face checkpoints ---------------------------------------------------------

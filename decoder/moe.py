@@ -42,7 +42,7 @@ from minigrad.tensor import Tensor
 class MoE(Module):
     """A routed feed-forward, (..., n_embd) -> (..., n_embd). After each forward it keeps
     ``aux_loss`` (a Tensor, the unweighted load-balancing loss above) and ``expert_share``
-    (a NumPy (E,) array: each expert's share of the token-expert assignments).
+    (an (E,) array on the layer's device: each expert's share of the token-expert pairs).
 
     >>> moe = MoE(n_embd=8, n_experts=4, top_k=2, hidden=16)
     >>> moe(mg.randn(2, 3, 8)).shape, round(float(moe.expert_share.sum()), 6)
@@ -85,22 +85,24 @@ class MoE(Module):
         order = xp.argsort(expert_of, kind="stable") if xp is np else xp.argsort(expert_of)
         token_of = order // k  # (N k,): the token of each pair, the pairs sorted by expert
         counts = xp.bincount(expert_of, minlength=E)  # (E,) pairs per expert
-        xs = mg.dispatch(flat, token_of)  # (N, C) -> (N k, C), grouped by expert
+        # subtle: check=False: these rows are valid by construction, and checking them would
+        # copy their range to the host
+        xs = mg.dispatch(flat, token_of, check=False)  # (N, C) -> (N k, C), grouped by expert
         pieces, start = [], 0
         for expert, n in zip(self.experts, to_numpy(counts).tolist(), strict=True):
             if n:  # an expert that got no tokens does no work (and its weights get no gradient)
                 pieces.append(expert(xs[start : start + n]))  # (n, C) -> (n, C)
                 start += n
         ys = mg.concatenate(pieces) if pieces else xs  # (N k, C); xs is (0, C) if N is 0
-        w = mg.dispatch(weights.reshape(-1, 1), order)  # (N, k) -> (N k, 1), in ys's order
-        out = mg.combine(ys * w, token_of, N)  # (N k, C) -> (N, C): k weighted rows per token
+        w = mg.dispatch(weights.reshape(-1, 1), order, check=False)  # (N, k) -> (N k, 1)
+        out = mg.combine(ys * w, token_of, N, check=False)  # (N k, C) -> (N, C): k rows each
         if self.shared is not None:
             out = out + self.shared(flat)
         share = counts.astype(probs.dtype) / max(N * k, 1)  # (E,) f: zeros for an empty batch
         # subtle: P's mean over no tokens would be NaN; an empty batch has no imbalance to fix
         mean_probs = probs.mean(0) if N else probs.sum(0)  # (N, E) -> (E,)
         self.aux_loss = E * (mean_probs * Tensor(share)).sum()
-        self.expert_share = to_numpy(share)
+        self.expert_share = share  # on the device: only the log reads it
         return self.dropout(out.reshape(*lead, C))
 
     def num_active_parameters(self) -> int:

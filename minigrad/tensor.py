@@ -506,11 +506,11 @@ class Tensor:
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
             raise ValueError(f"topk: k={k!r} must be an integer in [0, {n}], axis {axis}'s size")
         xp = xp_of(x.data)
-        index = xp.moveaxis(topk_indices(xp.moveaxis(x.data, axis, -1), k), -1, axis)
-        values = take_along_axis(x, index, axis)
+        index = Tensor(xp.moveaxis(topk_indices(xp.moveaxis(x.data, axis, -1), k), -1, axis))
+        values = take_along_axis(x, index, axis)  # the index stays on the device
         if self.ndim == 0:
-            return values.reshape(()), Tensor(index.reshape(()))
-        return values, Tensor(index)
+            return values.reshape(()), index.reshape(())
+        return values, index
 
     def split(self, sections, axis: int = 0) -> list[Tensor]:
         return split(self, sections, axis)
@@ -634,21 +634,23 @@ def take_along_axis(x: Tensor, indices, axis: int) -> Tensor:
     return TakeAlongAxis.apply(x, indices, axis=axis)
 
 
-def dispatch(x: Tensor, rows) -> Tensor:
+def dispatch(x: Tensor, rows, check: bool = True) -> Tensor:
     """x's rows (first axis) in the order ``rows`` names them, repeats allowed:
-    (n, ...) -> (len(rows), ...). A mixture of experts sends tokens to their experts so."""
-    return Dispatch.apply(x, _integer_tensor(rows, "dispatch"))
+    (n, ...) -> (len(rows), ...). A mixture of experts sends tokens to their experts so.
+    ``check=False`` skips the range check of rows (a host copy) for rows known valid."""
+    return Dispatch.apply(x, _integer_tensor(rows, "dispatch"), check=check)
 
 
-def combine(y: Tensor, rows, n: int) -> Tensor:
+def combine(y: Tensor, rows, n: int, check: bool = True) -> Tensor:
     """dispatch's adjoint: (len(rows), ...) -> (n, ...), row j the sum of the rows i of ``y``
     with rows[i] == j (zeros where none). A mixture of experts adds its outputs back so."""
-    return Combine.apply(y, _integer_tensor(rows, "combine"), n=n)
+    return Combine.apply(y, _integer_tensor(rows, "combine"), n=n, check=check)
 
 
 def _integer_tensor(index, op: str) -> Tensor:
-    """``index`` as a Tensor, refusing anything but integers."""
-    index = index if isinstance(index, Tensor) else Tensor(np.asarray(index))
+    """``index`` as a Tensor (an array stays on its device), refusing anything but integers."""
+    if not isinstance(index, Tensor):
+        index = Tensor(index if hasattr(index, "dtype") else np.asarray(index))
     if index.dtype.kind not in "iu":
         raise TypeError(f"{op}: indices must be integers, got dtype {index.dtype}")
     return index

@@ -194,3 +194,25 @@ def test_training_logs_the_routing_plots_it_and_resumes_exactly(tmp_path, monkey
         assert len(r["expert_share"]) == 4 and sum(r["expert_share"]) == pytest.approx(1.0)
         assert r["aux_loss"] > 0
     assert (tmp_path / "whole" / PLOT).stat().st_size > 0
+
+
+def test_moe_on_the_cuda_stand_in_equals_the_cpu(rng, fake_cupy):
+    """The CuPy stand-in refuses implicit host copies: the routing's one explicit copy (the
+    experts' token counts, which size their matmuls) is the only one a layer makes."""
+    from decoder.step import train_step
+    from minigrad.optim import AdamW
+
+    x = rng.integers(0, 11, (2, 8))
+    results = {}
+    for device in ("cpu", "cuda"):
+        model = _tiny_moe(n_shared_experts=1).to(device)
+        _, cfg = build_configs("tiny")
+        before = fake_cupy.device_to_host
+        loss = train_step(model, AdamW(model.parameters()), x, np.roll(x, -1, 1), cfg, step=1)
+        copies = fake_cupy.device_to_host - before
+        results[device] = loss, model.router_stats()["expert_share"]
+    assert results["cuda"][0] == pytest.approx(results["cpu"][0], rel=1e-6)
+    np.testing.assert_allclose(results["cuda"][1], results["cpu"][1])
+    # the loss and the gradient norm, then per layer: the experts' token counts (they size
+    # the matmuls) and top-k's range check of its index (take_along_axis's)
+    assert copies == 2 + 2 * 3

@@ -276,8 +276,8 @@ def _device_function(fn: Any) -> Any:
 
 # NumPy functions CuPy has, run on the arrays behind the device arrays
 _FUNCTIONS = (
-    "abs absolute add all any arange argmax argmin argsort atleast_1d broadcast_to ceil clip "
-    "concatenate cos cumprod cumsum divide dot einsum empty empty_like equal exp exp2 "
+    "abs absolute add all any arange argmax argmin argsort atleast_1d bincount broadcast_to ceil "
+    "clip concatenate cos cumprod cumsum divide dot einsum empty empty_like equal exp exp2 "
     "expand_dims expm1 eye flip floor full full_like greater greater_equal inner isclose "
     "isfinite isinf isnan less less_equal linspace log log1p log2 logaddexp logical_and "
     "logical_not logical_or matmul max maximum mean min minimum moveaxis multiply negative "

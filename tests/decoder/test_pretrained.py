@@ -116,6 +116,7 @@ KINDS = ["gpt2", "llama", "llama-tied", "mistral", "qwen2"]
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.oracle
 def test_logits_and_greedy_generation_match_transformers(tf, tmp_path, kind, dtype):
     import torch
 
@@ -139,6 +140,7 @@ def test_logits_and_greedy_generation_match_transformers(tf, tmp_path, kind, dty
     assert list(ours.generate(prompt, N_NEW, temperature=0, use_cache=False)) == expected
 
 
+@pytest.mark.oracle
 def test_float16_weights_load_as_float32(tf, tmp_path):
     import torch
 
@@ -151,6 +153,7 @@ def test_float16_weights_load_as_float32(tf, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "gpt2-untied", "llama", "qwen2"])
+@pytest.mark.oracle
 def test_a_model_we_save_loads_in_transformers(tf, tmp_path, kind):
     model = hf_model(tf, kind)
     model.save_pretrained(tmp_path / "theirs")
@@ -162,6 +165,7 @@ def test_a_model_we_save_loads_in_transformers(tf, tmp_path, kind):
     np.testing.assert_allclose(hf_logits(back, ids), hf_logits(model, ids), atol=1e-6)
 
 
+@pytest.mark.oracle
 def test_our_own_llama_config_saves_and_loads(tf, tmp_path):
     """A model trained here (the modern preset's shape) is a LlamaForCausalLM to transformers."""
     config = ModelConfig(
@@ -191,6 +195,7 @@ def test_save_refuses_what_the_format_cannot_express(tmp_path):
     assert not (tmp_path / "config.json").exists()
 
 
+@pytest.mark.oracle
 def test_a_lora_step_runs_on_a_loaded_model(tf, tmp_path):
     hf_model(tf, "llama").save_pretrained(tmp_path)
     model = Decoder.from_pretrained(tmp_path)
@@ -208,6 +213,7 @@ def test_a_lora_step_runs_on_a_loaded_model(tf, tmp_path):
 
 
 # ---- sharded and broken files ----------------------------------------------------------------
+@pytest.mark.oracle
 def test_sharded_weights_load_and_a_missing_shard_is_named(tf, tmp_path):
     model = hf_model(tf, "llama")
     model.save_pretrained(tmp_path, max_shard_size="20KB")
@@ -222,6 +228,7 @@ def test_sharded_weights_load_and_a_missing_shard_is_named(tf, tmp_path):
         Decoder.from_pretrained(tmp_path)
 
 
+@pytest.mark.oracle
 def test_a_truncated_file_is_refused(tf, tmp_path):
     hf_model(tf, "gpt2").save_pretrained(tmp_path)
     path = tmp_path / "model.safetensors"
@@ -358,6 +365,7 @@ def test_llama_family_config_translation():
         config_from_hf({**qwen, "use_sliding_window": True})
 
 
+@pytest.mark.oracle
 def test_block_size_crops_the_context(tf, tmp_path):
     model = hf_model(tf, "gpt2")
     model.save_pretrained(tmp_path)
@@ -538,6 +546,7 @@ def llama_dir(tf, tmp_path):
     return tmp_path / "llama"
 
 
+@pytest.mark.oracle
 def test_generate_and_finetune_from_pretrained(llama_dir, tmp_path, capsys):
     model, tokenizer = load_pretrained(llama_dir)
     assert isinstance(tokenizer, HFTokenizer)
@@ -560,6 +569,7 @@ def test_generate_and_finetune_from_pretrained(llama_dir, tmp_path, capsys):
 
 
 # ---- reading safetensors as these models ship them -------------------------------------------
+@pytest.mark.oracle
 def test_bfloat16_edge_values_read_as_torch_reads_them(tmp_path):
     torch = pytest.importorskip("torch", reason="torch (the oracle extra) is not installed")
     st = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")

@@ -283,6 +283,13 @@ def plot_losses(out_dir: Path, title: str = "", metrics: Sequence[str] = ()) -> 
         fig.savefig(f, format="png")
 
 
+def parameters_text(model: Decoder) -> str:
+    """The model's size for the log and the plot: with experts, also the parameters one token
+    uses."""
+    total, active = model.num_parameters(), model.num_active_parameters()
+    return f"{total:,} parameters" + (f" ({active:,} active per token)" if active < total else "")
+
+
 # ---- a run: its state, its start, its checkpoints and evaluations -------------------------------
 @dataclass
 class Run:
@@ -372,7 +379,7 @@ def start_run(
         scaler=LossScaler(train_cfg.dtype) if train_cfg.dtype in LOW_PRECISION else None,
     )
     if ckpt is None:
-        say(f"training {model.num_parameters():,} parameters; the run directory is {out_dir}")
+        say(f"training {parameters_text(model)}; the run directory is {out_dir}")
         return run
     changed = _differences(ckpt.train_config, train_cfg)
     if changed:
@@ -463,7 +470,7 @@ def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:
     if run.scaler is not None:
         row.update(loss_scale=run.scaler.scale, skipped_steps=run.scaler.skipped)
     append_log(run.out_dir, row)
-    plot_losses(run.out_dir, title=f"{run.model.num_parameters():,} parameters", metrics=extra)
+    plot_losses(run.out_dir, title=parameters_text(run.model), metrics=extra)
 
 
 # ---- the loop -----------------------------------------------------------------------------------

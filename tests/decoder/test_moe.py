@@ -216,3 +216,14 @@ def test_moe_on_the_cuda_stand_in_equals_the_cpu(rng, fake_cupy):
     # the loss and the gradient norm, then per layer: the experts' token counts (they size
     # the matmuls) and top-k's range check of its index (take_along_axis's)
     assert copies == 2 + 2 * 3
+
+
+def test_the_run_reports_active_parameters_with_experts_only():
+    from decoder.train import parameters_text
+
+    moe = _tiny_moe()
+    assert parameters_text(moe) == (
+        f"{moe.num_parameters():,} parameters ({moe.num_active_parameters():,} active per token)"
+    )
+    dense = _tiny_moe(ffn="swiglu")
+    assert parameters_text(dense) == f"{dense.num_parameters():,} parameters"

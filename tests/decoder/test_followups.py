@@ -45,6 +45,15 @@ def train_base(run, text=None, seed=1337, max_iters=4, **kwargs):
     return run
 
 
+@pytest.fixture(scope="module")
+def shared_base(tmp_path_factory):
+    """One tiny trained base for the tests that only read it."""
+    run = tmp_path_factory.mktemp("shared")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIGRAD_DATA_DIR", str(run / "cache"))
+        return train_base(run / "base")
+
+
 # ---- finetune's numbers -----------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kwargs", "message"),
@@ -57,22 +66,21 @@ def train_base(run, text=None, seed=1337, max_iters=4, **kwargs):
         (dict(alpha=float("inf")), r"LoRA alpha must be a finite number"),
     ],
 )
-def test_finetune_checks_its_numbers_as_train_config(tmp_path, kwargs, message):
-    base = train_base(tmp_path / "base")
+def test_finetune_checks_its_numbers_as_train_config(shared_base, tmp_path, kwargs, message):
     out = tmp_path / "lora"
     with pytest.raises(ValueError, match=message):
-        finetune(base, make_text(1), out, r=2, progress=False, **kwargs)
+        finetune(shared_base, make_text(1), out, r=2, progress=False, **kwargs)
     assert not out.exists()  # a failed start leaves no --out behind
 
 
-def test_finetune_trains_with_the_schedule_it_records(tmp_path, monkeypatch):
-    base = train_base(tmp_path / "base")
+def test_finetune_trains_with_the_schedule_it_records(shared_base, tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr("decoder.finetune.set_lr", lambda opt, lr: seen.append(lr))
-    finetune(base, make_text(1), tmp_path / "lora", r=2, max_iters=20, lr=0.1, progress=False)
+    out = tmp_path / "lora"
+    finetune(shared_base, make_text(1), out, r=2, max_iters=20, lr=0.1, progress=False)
     # warmup over a tenth of the steps to lr, then a cosine decay towards lr / 10
     assert seen == [cosine_lr(step, 0.1, 0.01, 2, 20) for step in range(20)]
-    settings = json.loads((tmp_path / "lora" / "lora.json").read_text())
+    settings = json.loads((out / "lora.json").read_text())
     assert settings["lr"] == 0.1 and settings["max_iters"] == 20
 
 

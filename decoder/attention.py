@@ -48,7 +48,9 @@ class KVCache:
     past block_size raises. Sliding window W: a rolling buffer of the last W - 1 tokens (a
     query sees W keys, and the W-th is its own, which comes with it). ``append`` returns the
     held tokens followed by the new ones (a copy), then keeps the last W - 1 of them; it never
-    fills up.
+    fills up. ``value_size`` (default head_size) lets the values have another width: multi-head
+    latent attention (decoder/mla.py) keeps its latents c_KV as the keys and its shared
+    rotary keys as the values.
 
     >>> cache = KVCache(batch_size=1, n_kv_head=2, block_size=8, head_size=4)
     >>> import minigrad as mg
@@ -71,13 +73,14 @@ class KVCache:
         dtype: Any = np.float32,
         device: str = "cpu",
         window: int | None = None,
+        value_size: int | None = None,
     ):
         check_window(window)
         xp = get_xp(device)
         capacity = block_size if window is None else window - 1
-        shape = (batch_size, n_kv_head, capacity, head_size)
-        self.k = xp.zeros(shape, dtype=dtype)
-        self.v = xp.zeros(shape, dtype=dtype)
+        value_size = head_size if value_size is None else value_size
+        self.k = xp.zeros((batch_size, n_kv_head, capacity, head_size), dtype=dtype)
+        self.v = xp.zeros((batch_size, n_kv_head, capacity, value_size), dtype=dtype)
         self.window = window
         self.length = 0
 
@@ -88,15 +91,18 @@ class KVCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (B, n_kv_head, T_new, hs); return all keys and values so far,
-        (B, n_kv_head, length + T_new, hs)."""
+        (B, n_kv_head, length + T_new, hs) (the held ones, for a rolling cache)."""
         B, n_kv, block_size, hs = self.k.shape
         T_new = k.shape[2]
         expected = (B, n_kv, T_new, hs)
-        if k.shape != expected or v.shape != expected:
+        expected_v = (B, n_kv, T_new, self.v.shape[3])
+        if k.shape != expected or v.shape != expected_v:
+            shapes = f"k and v of shape (B, n_kv_head, T_new, hs) = {expected}"
+            if expected_v != expected:
+                shapes = f"k of shape {expected} and v of shape {expected_v}"
             raise ValueError(
-                f"KVCache.append: expected k and v of shape (B, n_kv_head, T_new, hs) = "
-                f"{expected} for this cache, got {k.shape} and {v.shape}; build the cache with "
-                f"the layer's new_cache(batch_size)"
+                f"KVCache.append: expected {shapes} for this cache, got {k.shape} and "
+                f"{v.shape}; build the cache with the layer's new_cache(batch_size)"
             )
         if device_of(k.data) != device_of(self.k):
             raise ValueError(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from decoder.attention import CausalSelfAttention, KVCache
 from decoder.config import ModelConfig
+from decoder.mla import MultiHeadLatentAttention
 from decoder.moe import MoE
 from minigrad import Tensor
 from minigrad.nn import MLP, LayerNorm, Module, RMSNorm, SwiGLU
@@ -71,22 +72,38 @@ class Block(Module):
         self.norm_position = config.norm_position
         self.parallel = config.parallel_block
         self.norm1 = make_norm(config)
-        self.attn = CausalSelfAttention(
-            config.n_embd,
-            config.n_head,
-            config.n_kv_head,
-            bias=config.bias,
-            qkv_bias=config.qkv_bias,
-            dropout=config.dropout,
-            pos=config.pos,
+        rope = dict(
             block_size=config.block_size,
             rope_theta=config.rope_theta,
-            impl=config.attn_impl,
-            window=config.layer_window(layer),
             rope_scaling=config.rope_scaling,
             rope_factor=config.rope_factor,
             rope_original_context=config.rope_original_context,
         )
+        if config.attention == "mla":
+            self.attn = MultiHeadLatentAttention(
+                config.n_embd,
+                config.n_head,
+                config.kv_lora_rank,
+                config.rope_head_dim,
+                q_lora_rank=config.q_lora_rank,
+                nope_head_dim=config.nope_head_dim,
+                v_head_dim=config.v_head_dim,
+                dropout=config.dropout,
+                **rope,
+            )
+        else:
+            self.attn = CausalSelfAttention(
+                config.n_embd,
+                config.n_head,
+                config.n_kv_head,
+                bias=config.bias,
+                qkv_bias=config.qkv_bias,
+                dropout=config.dropout,
+                pos=config.pos,
+                impl=config.attn_impl,
+                window=config.layer_window(layer),
+                **rope,
+            )
         if not self.parallel:  # a parallel block shares norm1 between its two branches
             self.norm2 = make_norm(config)
         self.ffn = make_ffn(config)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decoder.attention import check_attention
+from decoder.mla import check_mla
 from decoder.positional import check_rope_scaling
 from decoder.tokenizer import TOKENIZERS
 from minigrad.backend import DEVICES, DeviceUnavailableError, get_xp
@@ -24,6 +25,7 @@ from minigrad.backend import DEVICES, DeviceUnavailableError, get_xp
 FFNS = ("gelu", "swiglu", "moe")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
+ATTENTIONS = ("mha", "mla")
 DTYPES = ("float32", "float64", "float16")  # float16: mixed precision, float32 masters
 
 
@@ -58,6 +60,12 @@ class ModelConfig:
     attn_impl: str = "auto"  # "naive", "flash" or "auto" (see F.scaled_dot_product_attention)
     window: int | None = None  # sliding-window attention (Mistral): each token sees its last W
     window_pattern: str = "W"  # per layer, repeated: W windowed, F full ("WF" alternates them)
+    attention: str = "mha"  # "mha": heads from wq, wk, wv (GQA by n_kv_head); "mla": DeepSeek-V2
+    kv_lora_rank: int = 64  # MLA: width d_c of the latent c_KV, all that its cache keeps
+    q_lora_rank: int | None = None  # MLA: width of the query latent; None: queries from x
+    rope_head_dim: int = 16  # MLA: d_R, the rotary part of each query and of the shared key
+    nope_head_dim: int | None = None  # MLA: per-head non-rotary q and k width; None: head_size
+    v_head_dim: int | None = None  # MLA: per-head value width; None: head_size
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
@@ -85,6 +93,9 @@ class ModelConfig:
                 f"set pos='rope' or leave rope_scaling at None"
             )
         check_rope_scaling(self.rope_scaling, self.rope_factor, self.rope_original_context)
+        _choice("attention", self.attention, ATTENTIONS)
+        if self.attention == "mla":
+            _check_mla(self)
         if not self.window_pattern or set(self.window_pattern) - set("WF"):
             raise ValueError(
                 f"window_pattern={self.window_pattern!r} must be a non-empty string of W "
@@ -274,6 +285,8 @@ FRACTION = (0, 1, True, False)  # [0, 1): dropout, Adam's betas
 RANGES: dict[str, tuple[float, float, bool, bool]] = {
     **dict.fromkeys(("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head"), AT_LEAST_1),
     **dict.fromkeys(("window", "rope_original_context"), AT_LEAST_1),  # a query sees itself
+    **dict.fromkeys(("kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim"), AT_LEAST_1),
+    "nope_head_dim": AT_LEAST_0,  # 0: every query and key dimension rotary
     **dict.fromkeys(("n_embd", "ffn_hidden", "batch_size", "max_iters"), AT_LEAST_1),
     **dict.fromkeys(("n_experts", "top_k", "moe_hidden"), AT_LEAST_1),
     **dict.fromkeys(("n_shared_experts", "moe_aux_weight"), AT_LEAST_0),
@@ -322,6 +335,35 @@ def _check_fields(config: Any) -> None:
                 f"{owner}.{f.name} must be a finite {kind} in {left}{low}, {high}{right}, "
                 f"got {value!r}"
             )
+
+
+def _check_mla(config: ModelConfig) -> None:
+    """Raise a ValueError naming the first setting that attention='mla' cannot take."""
+    if config.pos != "rope":
+        raise ValueError(
+            f"attention='mla' carries positions in its decoupled rotary dimensions, so pos must "
+            f"be 'rope', got pos={config.pos!r}"
+        )
+    refused = {
+        "window": (config.window is not None, "window=None (no sliding window for MLA yet)"),
+        "bias": (config.bias or config.qkv_bias, "bias=False and qkv_bias=False"),
+        "n_kv_head": (config.n_kv_head != config.n_head, "n_kv_head=None (every head reads "
+                      "the one shared latent)"),
+        "attn_impl": (config.attn_impl == "flash", "attn_impl='auto' or 'naive' (no flash "
+                      "path: its keys and values have different widths)"),
+    }  # fmt: skip
+    for name, (bad, fix) in refused.items():
+        if bad:
+            raise ValueError(f"attention='mla' does not take this {name}: set {fix}")
+    hs = config.head_size
+    check_mla(
+        config.n_embd,
+        config.n_head,
+        config.kv_lora_rank,
+        config.rope_head_dim,
+        config.q_lora_rank,
+        hs if config.nope_head_dim is None else config.nope_head_dim,
+    )
 
 
 def _choice(name: str, value: Any, choices: tuple) -> None:

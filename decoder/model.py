@@ -3,14 +3,15 @@
     ids (B, T) -> tok_emb (+ pos_emb) -> dropout -> blocks -> norm_f -> lm_head -> (B, T, V)
 
 One ``Decoder`` covers GPT-2 (learned positions, LayerNorm, GELU MLP, pre-norm) and the
-Llama family's choices (RoPE, RMSNorm, SwiGLU, grouped-query attention) through
-``ModelConfig``. Positions come in two kinds: learned and sinusoidal tables are *added* to the
+Llama family's choices (RoPE, RMSNorm, SwiGLU, grouped-query attention), and Mixtral's and
+DeepSeek's mixture-of-experts feed-forward (decoder/moe.py), through ``ModelConfig``. Positions come in two kinds: learned and sinusoidal tables are *added* to the
 token embeddings here; RoPE and ALiBi act inside attention (decoder/attention.py).
 
 Initialisation follows GPT-2 (as nanoGPT's ``_init_weights``): every Linear and Embedding
-weight normal with std 0.02, biases zero, and the two projections that write into the
-residual stream (``attn.wo`` and ``ffn.w2``) scaled by 1 / sqrt(2 n_layer), because each of
-the 2 n_layer residual branches adds its output to the same stream and the variances add up.
+weight normal with std 0.02, biases zero, and the projections that write into the residual
+stream (``attn.wo`` and ``ffn.w2``, each expert's w2 in a mixture) scaled by 1 / sqrt(2
+n_layer), because each of the 2 n_layer residual branches adds its output to the same stream
+and the variances add up.
 
 With ``tie_weights`` the output layer reuses the token embedding matrix (Press & Wolf 2017):
 ``lm_head.weight is tok_emb.weight``, one Parameter that receives the sum of both uses'

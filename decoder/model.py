@@ -2,10 +2,11 @@
 
     ids (B, T) -> tok_emb (+ pos_emb) -> dropout -> blocks -> norm_f -> lm_head -> (B, T, V)
 
-One ``Decoder`` covers GPT-2 (learned positions, LayerNorm, GELU MLP, pre-norm) and the
-Llama family's choices (RoPE, RMSNorm, SwiGLU, grouped-query attention), and Mixtral's and
-DeepSeek's mixture-of-experts feed-forward (decoder/moe.py), through ``ModelConfig``. Positions come in two kinds: learned and sinusoidal tables are *added* to the
-token embeddings here; RoPE and ALiBi act inside attention (decoder/attention.py).
+One ``Decoder`` covers GPT-2 (learned positions, LayerNorm, GELU MLP, pre-norm), the Llama
+family's choices (RoPE, RMSNorm, SwiGLU, grouped-query attention) and Mixtral's and
+DeepSeek's mixture-of-experts feed-forward (decoder/moe.py) through ``ModelConfig``.
+Positions come in two kinds: learned and sinusoidal tables are *added* to the token
+embeddings here; RoPE and ALiBi act inside attention (decoder/attention.py).
 
 Initialisation follows GPT-2 (as nanoGPT's ``_init_weights``): every Linear and Embedding
 weight normal with std 0.02, biases zero, and the projections that write into the residual

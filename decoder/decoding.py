@@ -80,6 +80,16 @@ class _Stream:
             cache.k, cache.v = cache.k[rows], cache.v[rows]  # (B, ...) -> (len(rows), ...)
 
 
+def _check_prompt(model: Decoder, prompt: list[int], max_new_tokens: int) -> None:
+    """Raise a ValueError for an empty prompt, ids outside the vocabulary, or a negative
+    number of tokens (generate's checks)."""
+    if len(prompt) == 0:
+        raise ValueError("decoding needs a prompt of at least one token, got none")
+    model._as_ids([list(prompt)], "prompt")  # integer ids inside the vocabulary
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+
+
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-probabilities.
 
@@ -105,6 +115,7 @@ def beam_search(
         raise ValueError(f"beam_width must be a positive integer, got {beam_width}")
     if not np.isfinite(length_penalty):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
+    _check_prompt(model, prompt, max_new_tokens)
     stream = _Stream(model, batch_size=1)
     beams, scores = [list(prompt)], np.zeros(1)  # summed log-probabilities of the new tokens
     finished: list[tuple[float, list[int]]] = []  # (normalised score, whole sequence)
@@ -192,6 +203,7 @@ def speculative_decode(
             f"k={k} draft tokens per step must be an integer in [1, block_size - 1] = "
             f"[1, {target.config.block_size - 1}]: the target scores k + 1 positions at once"
         )
+    _check_prompt(target, prompt, max_new_tokens)
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     sampling_probs(np.zeros(1), **settings)  # check the settings now
     rng = np.random.default_rng(seed)

@@ -191,6 +191,26 @@ def test_speculative_decoding_refuses_bad_settings(kwargs, message):
         speculative_decode(tiny(0), tiny(1), [1], 4, **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("prompt", "n", "message"),
+    [
+        ([], 4, "needs a prompt of at least one token"),
+        ([1, 3], 4, "token id 3 is outside the vocabulary"),
+        ([1], -1, "max_new_tokens must be >= 0"),
+    ],
+)
+def test_both_refuse_a_bad_prompt(prompt, n, message):
+    with pytest.raises(ValueError, match=message):
+        speculative_decode(tiny(0), tiny(1), prompt, n)
+    with pytest.raises(ValueError, match=message):
+        beam_search(tiny(0), prompt, n, beam_width=2)
+
+
+def test_no_new_tokens_is_an_empty_answer():
+    assert beam_search(tiny(0), [1], 0, beam_width=2) == []
+    assert speculative_decode(tiny(0), tiny(1), [1], 0).tokens == []
+
+
 def test_speculative_decoding_needs_one_vocabulary():
     with pytest.raises(ValueError, match="must share one tokenizer"):
         speculative_decode(tiny(0), tiny(1, vocab_size=5), [1], 4)

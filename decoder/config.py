@@ -104,6 +104,7 @@ class ModelConfig:
             )
         if self.parallel_block and self.norm_position == "post":
             raise ValueError("parallel_block=True needs norm_position='pre' (PaLM's layout)")
+        _check_moe_fields(self)
         if self.top_k > self.n_experts:
             raise ValueError(
                 f"top_k={self.top_k} routes each token to more experts than n_experts="
@@ -364,6 +365,31 @@ def _check_mla(config: ModelConfig) -> None:
         config.q_lora_rank,
         hs if config.nope_head_dim is None else config.nope_head_dim,
     )
+
+
+MOE_FIELDS = ("n_experts", "top_k", "n_shared_experts", "moe_hidden", "moe_aux_weight")
+
+
+def _check_moe_fields(config: ModelConfig) -> None:
+    """Refuse experts' settings changed from their defaults on a model without experts, where
+    they would do nothing (``--top_k`` is the router's, not sampling's).
+
+    >>> ModelConfig(top_k=1)
+    Traceback (most recent call last):
+    ValueError: top_k=1 is for the experts of ffn='moe', but ffn='gelu': set --ffn=moe or drop it
+    """
+    if config.ffn == "moe":
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    defaults["moe_hidden"] = config.ffn_hidden  # what None becomes
+    changed = [
+        f"{n}={getattr(config, n)!r}" for n in MOE_FIELDS if getattr(config, n) != defaults[n]
+    ]
+    if changed:
+        raise ValueError(
+            f"{', '.join(changed)} is for the experts of ffn='moe', but ffn="
+            f"{config.ffn!r}: set --ffn=moe or drop it"
+        )
 
 
 def _choice(name: str, value: Any, choices: tuple) -> None:

@@ -133,8 +133,9 @@ def test_aux_loss_is_one_when_balanced_and_grows_with_imbalance(rng):
 
 def _tiny_moe(**overrides) -> Decoder:
     kw = dict(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8, ffn="moe")
+    experts = dict(n_experts=4, top_k=2) if overrides.get("ffn", "moe") == "moe" else {}
     mg.manual_seed(0)
-    return Decoder(ModelConfig(**{**kw, "n_experts": 4, "top_k": 2, **overrides}))
+    return Decoder(ModelConfig(**{**kw, **experts, **overrides}))
 
 
 def test_the_training_loss_adds_the_weighted_aux_loss_and_eval_does_not(rng):
@@ -167,6 +168,20 @@ def test_every_experts_down_projection_gets_the_scaled_init():
     stds = [model.blocks[0].ffn.experts[1].w2.weight.data.std()]
     stds.append(model.blocks[0].ffn.shared.w2.weight.data.std())
     np.testing.assert_allclose(stds, 0.02 / 4, rtol=0.1)  # 0.02 / sqrt(2 * 8)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"top_k": "40"}, "top_k=40"),  # sampling's top_k belongs to generate, not training
+        ({"n_experts": "4", "moe_aux_weight": "0.1"}, "n_experts=4, moe_aux_weight=0.1"),
+        ({"moe_hidden": "64"}, "moe_hidden=64"),
+    ],
+)
+def test_config_refuses_experts_settings_without_experts(overrides, named):
+    with pytest.raises(ValueError, match=f"{named} is for the experts of ffn='moe', but ffn="):
+        build_configs("tiny", overrides)
+    build_configs("tiny", {**overrides, "ffn": "moe", "n_experts": "64"})  # with experts: fine
 
 
 def test_config_refuses_top_k_above_the_experts():

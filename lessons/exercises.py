@@ -68,7 +68,7 @@ def or_solution(lesson: str, name: str, answer: Callable[..., Any]) -> Callable[
 
     >>> def stub(*args):
     ...     todo()
-    >>> or_solution("lesson09", "warmup_cosine", stub)(0, 1.0, 0.1, 4, 8)
+    >>> or_solution("lesson08", "warmup_cosine", stub)(0, 1.0, 0.1, 4, 8)
     0.2
     """
 

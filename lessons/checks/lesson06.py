@@ -1,4 +1,4 @@
-"""Checks of lesson 7 (the transformer block): ``rms_norm``, ``layer_norm_backward`` and
+"""Checks of lesson 6 (the transformer block): ``rms_norm``, ``layer_norm_backward`` and
 ``swiglu``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checks of lesson 8 (the model and its loss): ``cross_entropy_grad`` and
+"""Checks of lesson 7 (the model and its loss): ``cross_entropy_grad`` and
 ``count_parameters``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checks of lesson 9 (training): ``warmup_cosine``, ``clip_by_global_norm`` and
+"""Checks of lesson 8 (training): ``warmup_cosine``, ``clip_by_global_norm`` and
 ``adam_l2_step``."""
 
 from __future__ import annotations

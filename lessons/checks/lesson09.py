@@ -1,4 +1,4 @@
-"""Checks of lesson 10 (generation): ``min_p_probs``, ``greedy_generate`` and
+"""Checks of lesson 9 (generation): ``min_p_probs``, ``greedy_generate`` and
 ``greedy_generate_cached``.
 
 The decoding checks use a small untrained model: greedy decoding must match

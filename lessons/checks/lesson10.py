@@ -1,4 +1,4 @@
-"""Checks of lesson 6 (flash attention): ``online_softmax`` and ``merge_states``."""
+"""Checks of lesson 10 (flash attention): ``online_softmax`` and ``merge_states``."""
 
 from __future__ import annotations
 

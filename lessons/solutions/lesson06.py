@@ -1,4 +1,4 @@
-"""Reference answers to lesson 7 (the transformer block): RMSNorm from primitives, the
+"""Reference answers to lesson 6 (the transformer block): RMSNorm from primitives, the
 LayerNorm input gradient by hand, and SwiGLU as a function of its weights."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Reference answers to lesson 8 (the model and its loss): ``cross_entropy_grad`` and
+"""Reference answers to lesson 7 (the model and its loss): ``cross_entropy_grad`` and
 ``count_parameters``.
 
-Reveal them in the notebook with ``%load solutions/lesson08.py``.
+Reveal them in the notebook with ``%load solutions/lesson07.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Reference answers to lesson 9 (training): ``warmup_cosine``, ``clip_by_global_norm`` and
+"""Reference answers to lesson 8 (training): ``warmup_cosine``, ``clip_by_global_norm`` and
 ``adam_l2_step``.
 
-Reveal them in the notebook with ``%load solutions/lesson09.py``.
+Reveal them in the notebook with ``%load solutions/lesson08.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Reference answers to lesson 10 (generation): ``min_p_probs``, ``greedy_generate`` and
+"""Reference answers to lesson 9 (generation): ``min_p_probs``, ``greedy_generate`` and
 ``greedy_generate_cached``.
 
-Reveal them in the notebook with ``%load solutions/lesson10.py``.
+Reveal them in the notebook with ``%load solutions/lesson09.py``.
 """
 
 from __future__ import annotations

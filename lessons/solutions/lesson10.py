@@ -1,6 +1,6 @@
-"""Reference answers to the exercises of lesson 6 (flash attention).
+"""Reference answers to the exercises of lesson 10 (flash attention).
 
-Reveal one in the notebook with ``%load solutions/lesson06.py``.
+Reveal one in the notebook with ``%load solutions/lesson10.py``.
 """
 
 import math

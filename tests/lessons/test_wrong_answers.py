@@ -20,9 +20,9 @@ from exercises import NotAttempted, check, exercise_test, or_solution, solution,
 from solutions import (
     lesson01,
     lesson05,
+    lesson07,
     lesson08,
     lesson09,
-    lesson10,
     lesson11,
     lesson13,
     lesson14,
@@ -39,7 +39,7 @@ from minigrad.backend import xp_of
 from minigrad.optim import clip_grad_norm_, cosine_lr, set_lr
 
 
-# ---- lesson 1 ------------------------------------------------------------------------------
+# ---- lesson 1 ----------------------------------------------------------------------------------
 def topological_sort_recursive(root, parents):
     """Right order, but recursive: it needs a raised recursion limit for the deep chain."""
     order, seen = [], set()
@@ -94,7 +94,7 @@ def sin_taylor(x):
     return total
 
 
-# ---- lesson 2 ------------------------------------------------------------------------------
+# ---- lesson 2 ----------------------------------------------------------------------------------
 def unbroadcast_leading_only(grad, shape):
     return grad.sum(axis=tuple(range(grad.ndim - len(shape))))  # misses stretched size-1 axes
 
@@ -135,7 +135,11 @@ def softplus_composite(x):
     return mg.maximum(x, 0.0) + ((-(x.abs())).exp() + 1.0).log()
 
 
-# ---- lesson 3 ------------------------------------------------------------------------------
+def softmax_backward_no_correction(p, grad_p):
+    return p * grad_p  # the diagonal of diag(p) - p p^T only
+
+
+# ---- lesson 3 ----------------------------------------------------------------------------------
 def build_vocab_off_by_one(merges):
     vocab = [bytes([b]) for b in range(256)]
     for a, b in merges:
@@ -161,7 +165,7 @@ def train_bpe_library(text, num_merges):
     return BPETokenizer.train(text, vocab_size=256 + num_merges).merges
 
 
-# ---- lesson 4 ------------------------------------------------------------------------------
+# ---- lesson 4 ----------------------------------------------------------------------------------
 def embedding_backward_buffered(ids, grad_out, vocab_size):
     grad_w = np.zeros((vocab_size, grad_out.shape[-1]))
     grad_w[ids.reshape(-1)] += grad_out.reshape(-1, grad_out.shape[-1])  # repeats overwrite
@@ -185,7 +189,7 @@ def rope_rotate_library(x, pos, theta=10000.0):
     return module(mg.tensor(x[None, None, None, :]), offset=pos).numpy()[0, 0, 0]
 
 
-# ---- lesson 5 ------------------------------------------------------------------------------
+# ---- lesson 5 ----------------------------------------------------------------------------------
 def causal_attention_unmasked(q, k, v):
     s = q @ k.T / math.sqrt(q.shape[1])
     p = np.exp(s - s.max(axis=1, keepdims=True))
@@ -205,7 +209,97 @@ def sliding_window_off_by_one(q, k, v, window):
     return lesson05.sliding_window_attention(q, k, v, window + 1)
 
 
-# ---- lesson 6 ------------------------------------------------------------------------------
+# ---- lesson 6 ----------------------------------------------------------------------------------
+def rms_norm_library(x, weight, eps=1e-6):
+    return F.rms_norm(x, weight, eps=eps)
+
+
+def rms_norm_eps_outside(x, weight, eps=1e-6):
+    return x / ((x * x).mean(axis=-1, keepdims=True).sqrt() + eps) * weight
+
+
+def layer_norm_backward_missing_term(x, weight, grad_out, eps=1e-5):
+    r = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + eps)
+    g = grad_out * weight
+    return r * (g - g.mean(axis=-1, keepdims=True))  # without - xhat mean(g xhat)
+
+
+def swiglu_gelu(x, w1, w2, w3):
+    return F.linear(F.gelu(F.linear(x, w1)) * F.linear(x, w3), w2)  # GeGLU, not SwiGLU
+
+
+# ---- lesson 7 ----------------------------------------------------------------------------------
+def cross_entropy_grad_summed(logits, targets):
+    return lesson07.cross_entropy_grad(logits, targets) * len(targets)  # the sum, not the mean
+
+
+def count_parameters_no_final_norm(config):
+    total = lesson07.count_parameters(config)
+    return total - config.n_embd if config.norm_position == "pre" else total
+
+
+def count_parameters_by_building(config):
+    from decoder.model import Decoder
+
+    return Decoder(config).num_parameters()
+
+
+# ---- lesson 8 ----------------------------------------------------------------------------------
+def warmup_cosine_off_by_one(step, max_lr, min_lr, warmup_steps, decay_steps):
+    if step < warmup_steps:
+        return max_lr * step / warmup_steps  # starts at 0, where the library starts above it
+    return lesson08.warmup_cosine(step, max_lr, min_lr, warmup_steps, decay_steps)
+
+
+def warmup_cosine_library(step, max_lr, min_lr, warmup_steps, decay_steps):
+    return cosine_lr(step, max_lr, min_lr, warmup_steps, decay_steps)
+
+
+def clip_each_separately(grads, max_norm):
+    norm = float(np.sqrt(sum(np.sum(g * g) for g in grads)))
+    return [g * min(1.0, max_norm / (np.linalg.norm(g) + 1e-6)) for g in grads], norm
+
+
+def clip_with_library(grads, max_norm):
+    tensors = [mg.Tensor(np.zeros(g.shape), requires_grad=True) for g in grads]
+    for t, g in zip(tensors, grads, strict=True):
+        t.grad = g.copy()
+    norm = clip_grad_norm_(tensors, max_norm)
+    return [t.grad for t in tensors], norm
+
+
+def adam_decoupled(p, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    p = p * (1 - lr * weight_decay)  # AdamW's decay, not L2's
+    return lesson08.adam_l2_step(p, g, m, v, t, lr, betas, eps, 0.0)
+
+
+# ---- lesson 9 ----------------------------------------------------------------------------------
+def min_p_absolute(logits, min_p):
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    probs = np.where(probs >= min_p, probs, 0.0)  # the cut must scale with the top probability
+    return probs / probs.sum()
+
+
+def greedy_with_generate(model, ids, n):
+    return list(model.generate(ids, n, temperature=0, use_cache=False))
+
+
+def greedy_uncropped(model, ids, n):
+    context, new = list(ids), []
+    with mg.no_grad():
+        for _ in range(n):
+            logits, _ = model([context[-model.config.block_size - 1 :]])  # one token too many
+            new.append(int(np.argmax(logits.numpy()[0, -1])))
+            context.append(new[-1])
+    return new
+
+
+def greedy_cached_without_cache(model, ids, n):
+    return lesson09.greedy_generate(model, ids, n)
+
+
+# ---- lesson 10 ---------------------------------------------------------------------------------
 def online_softmax_whole_row(tiles):
     """Gathers every tile, then one softmax over the row: nothing online about it."""
     s, v = zip(*tiles, strict=True)
@@ -239,101 +333,7 @@ def merge_states_no_rescale(state_a, state_b):
     return max(m_a, m_b), l_a + l_b, acc_a + acc_b
 
 
-def softmax_backward_no_correction(p, grad_p):
-    return p * grad_p  # the diagonal of diag(p) - p p^T only
-
-
-# ---- lesson 7 ------------------------------------------------------------------------------
-def rms_norm_library(x, weight, eps=1e-6):
-    return F.rms_norm(x, weight, eps=eps)
-
-
-def rms_norm_eps_outside(x, weight, eps=1e-6):
-    return x / ((x * x).mean(axis=-1, keepdims=True).sqrt() + eps) * weight
-
-
-def layer_norm_backward_missing_term(x, weight, grad_out, eps=1e-5):
-    r = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + eps)
-    g = grad_out * weight
-    return r * (g - g.mean(axis=-1, keepdims=True))  # without - xhat mean(g xhat)
-
-
-def swiglu_gelu(x, w1, w2, w3):
-    return F.linear(F.gelu(F.linear(x, w1)) * F.linear(x, w3), w2)  # GeGLU, not SwiGLU
-
-
-# ---- lesson 8 ------------------------------------------------------------------------------
-def cross_entropy_grad_summed(logits, targets):
-    return lesson08.cross_entropy_grad(logits, targets) * len(targets)  # the sum, not the mean
-
-
-def count_parameters_no_final_norm(config):
-    total = lesson08.count_parameters(config)
-    return total - config.n_embd if config.norm_position == "pre" else total
-
-
-def count_parameters_by_building(config):
-    from decoder.model import Decoder
-
-    return Decoder(config).num_parameters()
-
-
-# ---- lesson 9 ------------------------------------------------------------------------------
-def warmup_cosine_off_by_one(step, max_lr, min_lr, warmup_steps, decay_steps):
-    if step < warmup_steps:
-        return max_lr * step / warmup_steps  # starts at 0, where the library starts above it
-    return lesson09.warmup_cosine(step, max_lr, min_lr, warmup_steps, decay_steps)
-
-
-def warmup_cosine_library(step, max_lr, min_lr, warmup_steps, decay_steps):
-    return cosine_lr(step, max_lr, min_lr, warmup_steps, decay_steps)
-
-
-def clip_each_separately(grads, max_norm):
-    norm = float(np.sqrt(sum(np.sum(g * g) for g in grads)))
-    return [g * min(1.0, max_norm / (np.linalg.norm(g) + 1e-6)) for g in grads], norm
-
-
-def clip_with_library(grads, max_norm):
-    tensors = [mg.Tensor(np.zeros(g.shape), requires_grad=True) for g in grads]
-    for t, g in zip(tensors, grads, strict=True):
-        t.grad = g.copy()
-    norm = clip_grad_norm_(tensors, max_norm)
-    return [t.grad for t in tensors], norm
-
-
-def adam_decoupled(p, g, m, v, t, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-    p = p * (1 - lr * weight_decay)  # AdamW's decay, not L2's
-    return lesson09.adam_l2_step(p, g, m, v, t, lr, betas, eps, 0.0)
-
-
-# ---- lesson 10 -----------------------------------------------------------------------------
-def min_p_absolute(logits, min_p):
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
-    probs = np.where(probs >= min_p, probs, 0.0)  # the cut must scale with the top probability
-    return probs / probs.sum()
-
-
-def greedy_with_generate(model, ids, n):
-    return list(model.generate(ids, n, temperature=0, use_cache=False))
-
-
-def greedy_uncropped(model, ids, n):
-    context, new = list(ids), []
-    with mg.no_grad():
-        for _ in range(n):
-            logits, _ = model([context[-model.config.block_size - 1 :]])  # one token too many
-            new.append(int(np.argmax(logits.numpy()[0, -1])))
-            context.append(new[-1])
-    return new
-
-
-def greedy_cached_without_cache(model, ids, n):
-    return lesson10.greedy_generate(model, ids, n)
-
-
-# ---- lesson 11 -----------------------------------------------------------------------------
+# ---- lesson 11 ---------------------------------------------------------------------------------
 def merged_with_delta_weight(layer):
     return layer.base.weight.numpy() + layer.delta_weight().T
 
@@ -354,7 +354,7 @@ def lora_count_per_head_ignored(config, targets, r, per_head=False):
     return lesson11.lora_trainable_count(config, targets, r, per_head=False)
 
 
-# ---- lesson 12 -----------------------------------------------------------------------------
+# ---- lesson 12 ---------------------------------------------------------------------------------
 def logsumexp_numpy_only(a):
     m = a.max(axis=-1, keepdims=True)
     return m[..., 0] + np.log(np.exp(a - m).sum(axis=-1))  # np, not xp_of(a)
@@ -382,7 +382,7 @@ def softplus_wrong_gradient(x):
     return SoftplusWrongGradient.apply(x)
 
 
-# ---- lesson 13 -----------------------------------------------------------------------------
+# ---- lesson 13 ---------------------------------------------------------------------------------
 def grad_rms_as_std(named_params):
     return {n: 0.0 if p.grad is None else float(np.std(p.grad)) for n, p in named_params}
 
@@ -397,7 +397,7 @@ def update_ratios_not_logged(before, after):
     return {n: 10**r for n, r in lesson13.update_ratios(before, after).items()}
 
 
-# ---- lesson 14 -----------------------------------------------------------------------------
+# ---- lesson 14 ---------------------------------------------------------------------------------
 def block_post_norm(block, x):
     x = block.norm1(x + block.attn(x))
     return block.norm2(x + block.ffn(x))
@@ -447,6 +447,49 @@ def train_loop_rate_after_step(model, optimizer, get_batch, steps, lr_at, grad_c
     return losses
 
 
+# ---- lesson 16 ---------------------------------------------------------------------------------
+def global_mean_grad_unweighted(rank_grads, rank_rows):
+    return np.mean(rank_grads, axis=0)  # a mean of means: right only when the ranks are equal
+
+
+def global_mean_grad_library(rank_grads, rank_rows):
+    return np.average(rank_grads, axis=0, weights=rank_rows)
+
+
+def zero_slices_floor(sizes, n_ranks, rank):
+    shard = sum(sizes) // n_ranks  # floor: the last few elements belong to no rank
+    pieces, offset = [], 0
+    for i, n in enumerate(sizes):
+        lo, hi = max(offset, rank * shard), min(offset + n, (rank + 1) * shard)
+        if lo < hi:
+            pieces.append((i, lo - offset, hi - offset))
+        offset += n
+    return pieces
+
+
+def zero_slices_whole_parameters(sizes, n_ranks, rank):
+    # every element owned once, but a rank that draws the big parameters holds far over 1/N
+    return [(i, 0, n) for i, n in enumerate(sizes) if i % n_ranks == rank]
+
+
+def update_scale_keeps_count(scale, clean_steps, finite, growth_interval):
+    if not finite:
+        return scale * 0.5, clean_steps, False  # the clean run goes on across the overflow
+    clean_steps += 1
+    if clean_steps == growth_interval:
+        return scale * 2.0, 0, True
+    return scale, clean_steps, True
+
+
+def update_scale_steps_anyway(scale, clean_steps, finite, growth_interval):
+    if not finite:
+        return scale * 0.5, 0, True  # the inf reaches the weights
+    clean_steps += 1
+    if clean_steps == growth_interval:
+        return scale * 2.0, 0, True
+    return scale, clean_steps, True
+
+
 WRONG = [
     ("lesson01", "topological_sort", topological_sort_recursive),
     ("lesson01", "topological_sort", topological_sort_children_first),
@@ -458,6 +501,7 @@ WRONG = [
     ("lesson02", "central_difference", central_difference_forward),
     ("lesson02", "softplus", softplus_naive),
     ("lesson02", "softplus", softplus_composite),
+    ("lesson02", "softmax_backward", softmax_backward_no_correction),
     ("lesson03", "build_vocab", build_vocab_off_by_one),
     ("lesson03", "train_bpe", train_bpe_first_seen_tie),
     ("lesson03", "train_bpe", train_bpe_library),
@@ -468,27 +512,26 @@ WRONG = [
     ("lesson05", "causal_attention", causal_attention_library),
     ("lesson05", "repeat_kv", repeat_kv_tiled),
     ("lesson05", "sliding_window_attention", sliding_window_off_by_one),
-    ("lesson06", "online_softmax", online_softmax_whole_row),
-    ("lesson06", "online_softmax", online_softmax_global_max_first),
-    ("lesson06", "online_softmax", online_softmax_no_rescale),
-    ("lesson06", "merge_states", merge_states_no_rescale),
-    ("lesson02", "softmax_backward", softmax_backward_no_correction),
-    ("lesson07", "rms_norm", rms_norm_library),
-    ("lesson07", "rms_norm", rms_norm_eps_outside),
-    ("lesson07", "layer_norm_backward", layer_norm_backward_missing_term),
-    ("lesson07", "swiglu", swiglu_gelu),
-    ("lesson08", "cross_entropy_grad", cross_entropy_grad_summed),
-    ("lesson08", "count_parameters", count_parameters_no_final_norm),
-    ("lesson08", "count_parameters", count_parameters_by_building),
-    ("lesson09", "warmup_cosine", warmup_cosine_off_by_one),
-    ("lesson09", "warmup_cosine", warmup_cosine_library),
-    ("lesson09", "clip_by_global_norm", clip_each_separately),
-    ("lesson09", "clip_by_global_norm", clip_with_library),
-    ("lesson09", "adam_l2_step", adam_decoupled),
-    ("lesson10", "min_p_probs", min_p_absolute),
-    ("lesson10", "greedy_generate", greedy_with_generate),
-    ("lesson10", "greedy_generate", greedy_uncropped),
-    ("lesson10", "greedy_generate_cached", greedy_cached_without_cache),
+    ("lesson06", "rms_norm", rms_norm_library),
+    ("lesson06", "rms_norm", rms_norm_eps_outside),
+    ("lesson06", "layer_norm_backward", layer_norm_backward_missing_term),
+    ("lesson06", "swiglu", swiglu_gelu),
+    ("lesson07", "cross_entropy_grad", cross_entropy_grad_summed),
+    ("lesson07", "count_parameters", count_parameters_no_final_norm),
+    ("lesson07", "count_parameters", count_parameters_by_building),
+    ("lesson08", "warmup_cosine", warmup_cosine_off_by_one),
+    ("lesson08", "warmup_cosine", warmup_cosine_library),
+    ("lesson08", "clip_by_global_norm", clip_each_separately),
+    ("lesson08", "clip_by_global_norm", clip_with_library),
+    ("lesson08", "adam_l2_step", adam_decoupled),
+    ("lesson09", "min_p_probs", min_p_absolute),
+    ("lesson09", "greedy_generate", greedy_with_generate),
+    ("lesson09", "greedy_generate", greedy_uncropped),
+    ("lesson09", "greedy_generate_cached", greedy_cached_without_cache),
+    ("lesson10", "online_softmax", online_softmax_whole_row),
+    ("lesson10", "online_softmax", online_softmax_global_max_first),
+    ("lesson10", "online_softmax", online_softmax_no_rescale),
+    ("lesson10", "merge_states", merge_states_no_rescale),
     ("lesson11", "merged_weight", merged_with_delta_weight),
     ("lesson11", "merged_weight", merged_without_scale),
     ("lesson11", "block_diagonal", block_diagonal_transposed),
@@ -508,6 +551,12 @@ WRONG = [
     ("lesson14", "train_step", train_step_library),
     ("lesson14", "train_loop", train_loop_without_schedule),
     ("lesson14", "train_loop", train_loop_rate_after_step),
+    ("lesson16", "global_mean_grad", global_mean_grad_unweighted),
+    ("lesson16", "global_mean_grad", global_mean_grad_library),
+    ("lesson16", "zero_slices", zero_slices_floor),
+    ("lesson16", "zero_slices", zero_slices_whole_parameters),
+    ("lesson16", "update_scale", update_scale_keeps_count),
+    ("lesson16", "update_scale", update_scale_steps_anyway),
 ]
 
 CHECKS = sorted(p.stem for p in (Path(checks.__file__).parent).glob("lesson*.py"))
@@ -575,5 +624,5 @@ def test_or_solution_answers_for_a_stub_and_lets_a_written_answer_through():
     def written(*args):
         return "mine"
 
-    assert or_solution("lesson09", "warmup_cosine", stub)(0, 1.0, 0.1, 4, 8) == 0.2
-    assert or_solution("lesson09", "warmup_cosine", written)(0, 1.0, 0.1, 4, 8) == "mine"
+    assert or_solution("lesson08", "warmup_cosine", stub)(0, 1.0, 0.1, 4, 8) == 0.2
+    assert or_solution("lesson08", "warmup_cosine", written)(0, 1.0, 0.1, 4, 8) == "mine"

@@ -25,7 +25,10 @@ Names follow DeepSeek's reference code (wq_a, wq_b, wkv_a, wkv_b, wo). Left out 
 the RMSNorms that DeepSeek's code puts on c_Q and c_KV (the paper's equations have none),
 biases, sliding windows, ALiBi and the other position schemes (the decoupled RoPE is the
 point), and the flash path (values and keys have different widths, which F's attention does
-not take; the scores here are ordinary Tensor ops).
+not take; the scores here are ordinary Tensor ops). With rope_scaling='yarn', YaRN's
+temperature sits in the RoPE tables, so it reaches only the rotary part of each score;
+DeepSeek-V2's code applies it to the whole score (its softmax scale), so a loaded DeepSeek
+model would need that moved.
 """
 
 from __future__ import annotations

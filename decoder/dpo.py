@@ -14,8 +14,10 @@ log-likelihoods are computed once per batch without a graph. Training is decoder
 loop (decoder/posttrain.py): progress bar, ``log.jsonl``, ``loss.png``, atomic checkpoints
 and exact resume; ``train_loss`` and ``val_loss`` are DPO losses, and each evaluation also
 logs, on held-out pairs, the implicit reward margin (mean of beta times the log-ratio
-difference) and the preference accuracy (the share of pairs whose chosen response has the
-larger implicit reward), so the log's first row is the model before DPO and its last after.
+difference), the preference accuracy (the share of pairs whose chosen response has the
+larger implicit reward: 0 at the start, where policy and reference agree) and the
+likelihood accuracy (the share whose chosen response the policy finds more likely: the
+model's own preference, before DPO in the log's first row and after in its last).
 
 Follows Rafailov et al. 2023 and the shape of TRL's DPOTrainer (its logged margins and
 accuracies).
@@ -78,22 +80,27 @@ class DPOObjective:
 
     @mg.no_grad()
     def held_out(self, run: Run) -> dict[str, float]:
-        """The reward margin and preference accuracy on the evaluation's held-out batches
+        """The reward margin and the two accuracies on the evaluation's held-out batches
         (seeded as decoder.step.estimate_loss's, so every evaluation scores the same pairs)."""
         cfg = run.train_cfg
         rng = np.random.default_rng([cfg.seed, 2])  # estimate_loss's val generator
         run.model.eval()
-        margins = []
+        margins, likelier = [], []
         for _ in range(cfg.eval_iters):
             x, y = run.data.get_batch("val", cfg.batch_size, run.model_cfg.block_size, rng)
             policy, ref = self.log_ratios(run.model, x, y)
-            rewards = self.beta * (policy.numpy() - ref.numpy())  # (B, 2): implicit rewards
+            policy = policy.numpy()  # (B, 2): log-likelihoods of the chosen, the rejected
+            rewards = self.beta * (policy - ref.numpy())  # (B, 2): implicit rewards
             margins.append(rewards[:, 0] - rewards[:, 1])
+            likelier.append(policy[:, 0] > policy[:, 1])
         run.model.train()
         margin = np.concatenate(margins)
         return {
             "reward_margin": float(margin.mean()),
+            # a tie (as at the start: policy = reference) counts as wrong, as in TRL
             "preference_accuracy": float((margin > 0).mean()),
+            # the policy's own preference, which does not start at 0: the model before DPO
+            "likelihood_accuracy": float(np.concatenate(likelier).mean()),
         }
 
 
@@ -119,8 +126,8 @@ def dpo(
 ) -> dict[str, Any]:
     """Train ``checkpoint`` (usually decoder.sft's) with DPO into ``out_dir``; the
     arguments are decoder.sft.sft's. Returns ``{"step", "train_loss", "val_loss",
-    "reward_margin_before", "reward_margin_after", "accuracy_before", "accuracy_after",
-    "out_dir"}``."""
+    "reward_margin", "preference_accuracy", "likelihood_accuracy_before",
+    "likelihood_accuracy_after", "out_dir"}`` (the first three of the last evaluation)."""
     say = print if progress else (lambda *a, **k: None)
 
     def examples(block_size: int, seed: int) -> list[dict]:
@@ -135,25 +142,25 @@ def dpo(
         )
         reference = reference_model(run.extra, run.model_cfg.vocab_size, run.train_cfg.seed)
         objective = DPOObjective(reference.to(run.train_cfg.device), run.train_cfg.dpo_beta)
-        run.loss_fn, run.metrics = objective, objective.held_out
+        run.loss_fn, run.metrics, run.command = objective, objective.held_out, "decoder.dpo"
         return run
 
     run, log = run_post(out_dir, start, resume, overwrite, until, progress)
     first, last = log[0], log[-1]
     say(
-        f"step {run.step}: held-out preference accuracy {first['preference_accuracy']:.1%} "
-        f"before, {last['preference_accuracy']:.1%} now (reward margin "
-        f"{first['reward_margin']:.3f} -> {last['reward_margin']:.3f}); the run directory is "
-        f"{run.out_dir}"
+        f"step {run.step}: on held-out pairs, the chosen response is the likelier in "
+        f"{first['likelihood_accuracy']:.1%} before, {last['likelihood_accuracy']:.1%} now; "
+        f"reward margin {last['reward_margin']:.3f}, preference accuracy "
+        f"{last['preference_accuracy']:.1%}; the run directory is {run.out_dir}"
     )
     return {
         "step": run.step,
         "train_loss": last["train_loss"],
         "val_loss": last["val_loss"],
-        "reward_margin_before": first["reward_margin"],
-        "reward_margin_after": last["reward_margin"],
-        "accuracy_before": first["preference_accuracy"],
-        "accuracy_after": last["preference_accuracy"],
+        "reward_margin": last["reward_margin"],
+        "preference_accuracy": last["preference_accuracy"],
+        "likelihood_accuracy_before": first["likelihood_accuracy"],
+        "likelihood_accuracy_after": last["likelihood_accuracy"],
         "out_dir": str(run.out_dir),
     }
 

@@ -96,7 +96,7 @@ def sft(
         run = start_post_run(
             checkpoint, out, examples, ChatDataset, overrides or {}, lora, resume, say
         )
-        run.metrics = exact_match_metric
+        run.metrics, run.command = exact_match_metric, "decoder.sft"
         return run
 
     run, log = run_post(out_dir, start, resume, overwrite, until, progress)

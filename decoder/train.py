@@ -311,6 +311,7 @@ class Run:
     dist: DataParallel | None = None  # this process's rank in a data-parallel run
     loss_fn: LossFn = lm_loss  # a batch's loss: decoder.dpo gives its own
     metrics: Callable[[Run], dict[str, float]] | None = None  # more numbers per evaluation
+    command: str = "decoder.train"  # the module that resumes the run, for messages
     scaler: LossScaler | None = None  # the loss scale of a mixed-precision run
 
     @property
@@ -621,7 +622,7 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
             if run.saved_step == run.step:
                 print(
                     f"\ninterrupted at step {run.step}: checkpoint saved in {run.out_dir}\n"
-                    f"resume with: python -m decoder.train --out {run.out_dir} --resume",
+                    f"resume with: python -m {run.command} --out {run.out_dir} --resume",
                     file=sys.stderr,
                 )
             else:  # a second Ctrl-C, in the middle of a step: nothing consistent to save

@@ -69,7 +69,7 @@ def test_resume_repeats_the_uninterrupted_run(base, tmp_path, monkeypatch):
     dpo(base, tmp_path / "split", until=4, **kw)
     rest = dpo(None, tmp_path / "split", resume=True, **kw)
     assert whole["step"] == rest["step"] == 6
-    keys = ("train_loss", "val_loss", "reward_margin", "preference_accuracy")
+    keys = ("train_loss", "val_loss", "reward_margin", "preference_accuracy", "likelihood_accuracy")
     log_whole, log_split = read_log(tmp_path / "whole"), read_log(tmp_path / "split")
     assert [r["step"] for r in log_whole] == [0, 3, 6]
     for a, b in zip(log_whole, log_split, strict=True):
@@ -86,7 +86,7 @@ def test_dpo_after_sft_plots_its_numbers(base, tmp_path):
               text=TEXT, progress=False)  # fmt: skip
     sft(base, tmp_path / "sft", **kw)
     out = dpo(tmp_path / "sft", tmp_path / "dpo", **kw)
-    assert out["step"] == 2 and 0 <= out["accuracy_after"] <= 1
+    assert out["step"] == 2 and 0 <= out["likelihood_accuracy_after"] <= 1
     assert (tmp_path / "dpo" / "loss.png").stat().st_size > 0
 
 

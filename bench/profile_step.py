@@ -46,11 +46,13 @@ sys.path.insert(0, str(ROOT))  # run from anywhere
 from decoder.config import build_configs  # noqa: E402
 
 # The kind of an op, from the first pattern its lowercased name contains (order matters:
-# "addmm" is a matmul before it is an add, "logsoftmax" a loss before it is a softmax).
+# "addmm" is a linear layer before it is an add, "logsoftmax" a loss before it is a softmax).
+# Our attention at short T is the naive path (MatMul, Where for the causal mask, Softmax; its
+# 1/sqrt(hs) scale is a Mul), torch's one SDPA call; our Linear layers are one Function each.
 KINDS = (
-    ("matmul", ("linear", "matmul", "addmm", "aten::mm", "mmbackward", "bmm", "tbackward")),
+    ("linear layers", ("linear", "addmm", "aten::mm", "mmbackward", "tbackward")),
     ("cross-entropy", ("crossentropy", "cross_entropy", "logsoftmax", "nll")),
-    ("attention", ("attention", "softmax")),
+    ("attention", ("attention", "softmax", "matmul", "bmm", "where")),
     ("layer/RMS norm", ("layernorm", "layer_norm", "rmsnorm", "rms_norm")),
     ("GELU/SiLU", ("gelu", "silu")),
     ("embedding", ("embedding",)),
@@ -89,7 +91,7 @@ def kind_of(name: str) -> str:
     """The row an op's time goes to.
 
     >>> kind_of("aten::addmm"), kind_of("LogSoftmaxBackward0"), kind_of("Sum")
-    ('matmul', 'cross-entropy', 'Sum')
+    ('linear layers', 'cross-entropy', 'Sum')
     """
     lowered = name.lower()
     for kind, patterns in KINDS:

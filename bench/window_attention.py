@@ -14,7 +14,10 @@ Both paths keep only O(T) extra memory (the tiles are the same size), so memory 
 in both; the window saves time, not memory, in the flash path (the naive path would save
 neither: it builds the full T x T matrix and masks it).
 
-Usage: python bench/window_attention.py [--T 1024 2048 4096 8192] [--window 256] [--reps 2]
+Run it on one BLAS thread (below): a multithreaded BLAS spins while waiting, and on a busy
+machine that spinning lands in the CPU time at random.
+Usage: OPENBLAS_NUM_THREADS=1 python bench/window_attention.py [--T 1024 2048 4096 8192]
+       [--window 256] [--reps 2]
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Checks of lesson 16 (training past one process): ``global_mean_grad``, ``zero_slices`` and
 ``update_scale``, each against the library (a float64 model's gradients, decoder.dist's ZeRO-1
-slices, decoder.mixed_precision's LossScaler), with that library function off limits."""
+slices, decoder.mixed_precision's LossScaler), with the function that would answer it off
+limits."""
 
 from __future__ import annotations
 

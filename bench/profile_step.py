@@ -309,7 +309,7 @@ def print_table(preset: str, steps: int, ours: dict, ref: dict) -> None:
         for ms, total in ((a, step_ours), (b, step_ref)):
             cells += f"{ms:10.2f}{100 * ms / total:6.0f}%" if ms is not None else f"{'-':>10}{'':7}"
         ratio = f"{a / b:7.2f}" if a is not None and b and b > 0.005 else f"{'':7}"
-        print(f"{phase:10}{kind:24}{cells}{ratio}")
+        print(f"{phase:10}{kind:24}{cells}{ratio}".rstrip())
     print(f"{'step':10}{'instrumented':24}{step_ours:10.2f}{'':7}{step_ref:10.2f}{'':7}"
           f"{step_ours / step_ref:7.2f}")  # fmt: skip
     print(f"{'step':10}{'plain':24}{ours['plain']:10.2f}{'':7}{ref['plain']:10.2f}{'':7}"

@@ -8,6 +8,7 @@ check that let one through would tell the learner "correct" for it.
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import sys
 from itertools import pairwise
@@ -26,17 +27,20 @@ from solutions import (
     lesson11,
     lesson13,
     lesson14,
+    lesson15,
 )
 
 import minigrad as mg
 from decoder.config import TrainConfig
 from decoder.positional import RoPE
+from decoder.pretrained import to_ours
 from decoder.step import train_step
 from decoder.tokenizer import BPETokenizer, merge_pair, split_text
 from minigrad import autograd
 from minigrad import functional as F
 from minigrad.backend import xp_of
 from minigrad.optim import clip_grad_norm_, cosine_lr, set_lr
+from minigrad.serialization import bfloat16_to_float32, open_safetensors
 
 
 # ---- lesson 1 ----------------------------------------------------------------------------------
@@ -447,6 +451,46 @@ def train_loop_rate_after_step(model, optimizer, get_batch, steps, lr_at, grad_c
     return losses
 
 
+# ---- lesson 15 ---------------------------------------------------------------------------------
+def read_header_shapes_as_lists(path):
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    header.pop("__metadata__", None)
+    return {n: (e["dtype"], e["shape"]) for n, e in header.items()}  # [5, 3] != (5, 3)
+
+
+def read_header_library(path):
+    with open_safetensors(path) as f:
+        return {n: (f.dtype(n), f.shape(n)) for n in f}
+
+
+def split_c_attn_untransposed(weight, bias):
+    weights, biases = lesson15.split_c_attn(weight, bias)
+    return [w.T for w in weights], biases  # each third left in Conv1D's (in, out)
+
+
+def split_c_attn_interleaved(weight, bias):
+    """Reads q, k, v as interleaved columns (q0 k0 v0 q1 ...), not three blocks side by side."""
+    return [weight[:, k::3].T for k in range(3)], [bias[k::3] for k in range(3)]
+
+
+def split_c_attn_library(weight, bias):
+    parts = [(k, 3) for k in range(3)]
+    return [to_ours(weight, p, rows=0) for p in parts], [to_ours(bias, p, rows=0) for p in parts]
+
+
+def bfloat16_by_value(bits):
+    return bits.astype(np.float32)  # the integer 16256, not the number 1.0 its bits encode
+
+
+def bfloat16_as_float16(bits):
+    return bits.view(np.float16).astype(np.float32)  # float16 splits the bits 5/10, not 8/7
+
+
+def bfloat16_library(bits):
+    return bfloat16_to_float32(bits)
+
+
 # ---- lesson 16 ---------------------------------------------------------------------------------
 def global_mean_grad_unweighted(rank_grads, rank_rows):
     return np.mean(rank_grads, axis=0)  # a mean of means: right only when the ranks are equal
@@ -551,6 +595,14 @@ WRONG = [
     ("lesson14", "train_step", train_step_library),
     ("lesson14", "train_loop", train_loop_without_schedule),
     ("lesson14", "train_loop", train_loop_rate_after_step),
+    ("lesson15", "read_header", read_header_shapes_as_lists),
+    ("lesson15", "read_header", read_header_library),
+    ("lesson15", "split_c_attn", split_c_attn_untransposed),
+    ("lesson15", "split_c_attn", split_c_attn_interleaved),
+    ("lesson15", "split_c_attn", split_c_attn_library),
+    ("lesson15", "bfloat16_to_float32", bfloat16_by_value),
+    ("lesson15", "bfloat16_to_float32", bfloat16_as_float16),
+    ("lesson15", "bfloat16_to_float32", bfloat16_library),
     ("lesson16", "global_mean_grad", global_mean_grad_unweighted),
     ("lesson16", "global_mean_grad", global_mean_grad_library),
     ("lesson16", "zero_slices", zero_slices_floor),

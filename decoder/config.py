@@ -267,6 +267,35 @@ PRESETS: dict[str, Preset] = {
         model=dict(**SHAKESPEARE_SHAPE, **LLAMA_LAYOUT, rope_theta=500000.0),
         train=dict(SHAKESPEARE_TRAIN),
     ),
+    "mistral": Preset(
+        "Mistral 7B: Llama's layout (GQA, RoPE, SwiGLU, RMSNorm, pre-norm) with a 16-token "
+        "sliding window on every layer and an untied head; each layer's cache rolls at 16 "
+        "tokens, and stacked windows reach back 4 x 16 = 64 positions",
+        model=dict(**SHAKESPEARE_SHAPE, **LLAMA_LAYOUT, window=16, tie_weights=False),
+        train=dict(SHAKESPEARE_TRAIN),
+    ),
+    "deepseek-v2": Preset(
+        "DeepSeek-V2: multi-head latent attention (a 64-wide latent and 16 rotary dims "
+        "cached per token), RoPE stretched by YaRN from 16 to 64 positions (DeepSeek-V2's "
+        "4K to 160K, factor 40, in small), an MoE of 8 fine-grained routed SwiGLU experts "
+        "(top 2) beside 2 shared ones, RMSNorm, pre-norm, untied head",
+        model=dict(
+            **SHAKESPEARE_SHAPE,
+            pos="rope",
+            norm="rms",
+            attention="mla",
+            rope_scaling="yarn",
+            rope_factor=4.0,
+            rope_original_context=16,
+            ffn="moe",
+            n_experts=8,
+            top_k=2,
+            n_shared_experts=2,
+            moe_hidden=32,
+            tie_weights=False,
+        ),  # fmt: skip
+        train=dict(SHAKESPEARE_TRAIN),
+    ),
     "granite": Preset(
         "IBM Granite 3: Llama's layout (GQA, RoPE with theta 10000, SwiGLU, RMSNorm, tied "
         "head); its muP multipliers of embeddings, residuals, attention and logits are left out",

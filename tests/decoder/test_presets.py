@@ -12,7 +12,7 @@ from decoder.model import Decoder
 from decoder.train import train
 from tests.decoder.test_train import TEXT
 
-COMPARISON = ("gpt2", "gpt2-pre", "gpt3", "llama3", "granite")
+COMPARISON = ("gpt2", "gpt2-pre", "gpt3", "llama3", "mistral", "deepseek-v2", "granite")
 TINY = dict(n_layer=2, n_embd=32, block_size=16, batch_size=2, max_iters=4, warmup_iters=1)
 TINY_RUN = dict(eval_interval=2, eval_iters=1, sample_tokens=0)
 
@@ -24,7 +24,7 @@ def _token_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("preset", COMPARISON)
 def test_each_preset_trains_resumes_and_generates(preset, tmp_path):
-    window = {"window": 4} if preset == "gpt3" else {}  # a band narrower than the context
+    window = {"window": 4} if preset in ("gpt3", "mistral") else {}  # narrower than the context
     model_cfg, train_cfg = build_configs(preset, **TINY, **TINY_RUN, **window)
     whole = train(model_cfg, train_cfg, TEXT, tmp_path / "whole", progress=False)
     train(model_cfg, train_cfg, TEXT, tmp_path / "split", progress=False, until=2)
@@ -42,6 +42,10 @@ def test_each_preset_trains_resumes_and_generates(preset, tmp_path):
         ("gpt2-pre", dict(pos="learned", ffn="gelu", norm="layer", norm_position="pre")),
         ("gpt3", dict(pos="learned", ffn="gelu", norm_position="pre", tie_weights=False)),
         ("llama3", dict(pos="rope", ffn="swiglu", norm="rms", n_kv_head=2, tie_weights=True)),
+        ("mistral", dict(pos="rope", ffn="swiglu", norm="rms", n_kv_head=2, window=16)),
+        ("mistral", dict(window_pattern="W", norm_position="pre", tie_weights=False)),
+        ("deepseek-v2", dict(attention="mla", pos="rope", rope_scaling="yarn", norm="rms")),
+        ("deepseek-v2", dict(ffn="moe", n_shared_experts=2, tie_weights=False)),
         ("granite", dict(pos="rope", ffn="swiglu", norm="rms", n_kv_head=2, tie_weights=True)),
     ],
 )
@@ -57,3 +61,18 @@ def test_each_preset_has_its_columns_choices_at_shakespeare_scale(preset, choice
 def test_gpt3_alternates_dense_and_banded_layers():
     model_cfg, _ = build_configs("gpt3")
     assert [model_cfg.layer_window(i) for i in range(4)] == [None, 16, None, 16]
+
+
+def test_deepseek_v2_routes_each_token_to_a_quarter_of_its_experts():
+    model_cfg, _ = build_configs("deepseek-v2")
+    model = Decoder(model_cfg)
+    assert (model_cfg.n_experts, model_cfg.top_k) == (8, 2)
+    # the idle 6 of 8 routed experts in each of 4 layers: 6 * 3 * 128 * 32 weights apiece
+    assert model.num_parameters() - model.num_active_parameters() == 4 * 6 * 3 * 128 * 32
+    # YaRN stretches a 16-position training context by 4 to the 64 of block_size
+    assert model_cfg.rope_original_context * model_cfg.rope_factor == model_cfg.block_size
+
+
+def test_mistral_has_no_context_limit_as_every_layer_is_windowed():
+    model_cfg, _ = build_configs("mistral")
+    assert model_cfg.context_limit is None  # every layer windowed, RoPE: no position limit

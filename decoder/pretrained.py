@@ -27,8 +27,10 @@ what to download and where. The tokenizer comes with the model (``load_pretraine
 tiktoken's ``gpt2`` for GPT-2, the ``tokenizer.json`` beside the weights for the Llama
 family (decoder/hf_tokenizer.py).
 
-Left out on purpose: sliding-window attention (Mistral's window, issue 16), RoPE scaling
-(linear, NTK, YaRN, Llama 3's), quantised weights, and the other architectures.
+Mistral's ``sliding_window`` becomes our ``window`` on every layer, and Qwen2's per-layer
+``layer_types`` (or its older ``max_window_layers``) our ``window_pattern``. Left out on
+purpose: RoPE scaling (linear, NTK, YaRN, Llama 3's), quantised weights, and the other
+architectures.
 Follows the layouts of Hugging Face transformers' ``modeling_gpt2.py`` and
 ``modeling_llama.py``, and picoGPT's GPT-2 loader.
 """
@@ -73,13 +75,12 @@ IGNORED_FIELDS = {
     # GPT-2's sequence-classification head (GPT2DoubleHeadsModel), absent from GPT2LMHeadModel
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout",
-    # GPT-2: an fp16 overflow guard (the same math) and Qwen2's window (checked when in use)
-    "reorder_and_upcast_attn", "max_window_layers",
+    # GPT-2: an fp16 overflow guard (the same math)
+    "reorder_and_upcast_attn",
 }  # fmt: skip
 # Buffers some checkpoints carry that are functions of the config, not weights:
 # GPT-2's causal mask ("h.0.attn.bias", "h.0.attn.masked_bias") and Llama's RoPE frequencies.
 BUFFER_NAMES = re.compile(r"(^|\.)h\.\d+\.attn\.(masked_)?bias$|\.rotary_emb\.inv_freq$")
-SLIDING_WINDOW_ISSUE = "sliding-window attention (issue 16) is not implemented here yet"
 
 
 class PretrainedError(ValueError):
@@ -285,20 +286,8 @@ def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
             f"config.json asks for RoPE scaling {rope_type!r} ({rope}); this loader implements "
             f"plain RoPE only (no linear, dynamic, YaRN or llama3 scaling)"
         )
-    window = f.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" and not f.get("use_sliding_window", False):
-        window = None  # Qwen2 names a window but uses it only when use_sliding_window is set
+    window, window_pattern = _sliding_window(f, arch)
     block_size = f.need("max_position_embeddings")
-    if window is not None and window < block_size:
-        raise PretrainedError(
-            f"config.json sets sliding_window={window}, below max_position_embeddings="
-            f"{block_size}: {SLIDING_WINDOW_ISSUE}"
-        )
-    layer_types = set(f.get("layer_types", ["full_attention"]))
-    if layer_types != {"full_attention"}:
-        raise PretrainedError(
-            f"config.json sets layer_types {sorted(layer_types)}: {SLIDING_WINDOW_ISSUE}"
-        )
     qkv_bias = arch == "Qwen2ForCausalLM"  # Qwen2's q, k, v projections always have biases
     attention_bias, mlp_bias = f.get("attention_bias", False), f.get("mlp_bias", False)
     if attention_bias != mlp_bias:
@@ -322,7 +311,37 @@ def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
         ffn="swiglu",
         bias=attention_bias,
         qkv_bias=qkv_bias,
+        window=window,
+        window_pattern=window_pattern,
     )
+
+
+def _sliding_window(f: _Fields, arch: str) -> tuple[int | None, str]:
+    """(window, window_pattern) of a Llama-family config.json. Mistral windows every layer;
+    Qwen2 only with use_sliding_window, then the layers from max_window_layers on (its
+    ``layer_types`` says so per layer in transformers 5). Both mask as ours: a query sees
+    itself and the window - 1 keys before it."""
+    window = f.get("sliding_window")
+    n_layer = f.need("num_hidden_layers")
+    if arch == "Qwen2ForCausalLM":
+        if not f.get("use_sliding_window", False):
+            window = None  # Qwen2 names a window but uses it only when use_sliding_window is set
+        full = f.get("max_window_layers", n_layer)  # read even when unused: it changes nothing
+        full = n_layer if window is None else full
+        kinds = ["full_attention"] * full + ["sliding_attention"] * (n_layer - full)
+    else:
+        kinds = ["full_attention" if window is None else "sliding_attention"] * n_layer
+    kinds = f.get("layer_types", kinds)
+    letters = {"full_attention": "F", "sliding_attention": "W"}
+    unknown = sorted(set(kinds) - set(letters))
+    if unknown or len(kinds) != n_layer or (window is None and "sliding_attention" in kinds):
+        raise PretrainedError(
+            f"config.json sets layer_types {kinds} with sliding_window={window}: this loader "
+            f"reads one of {sorted(letters)} per layer ({n_layer}), sliding ones needing a window"
+        )
+    if window is None or "sliding_attention" not in kinds:
+        return None, "W"  # every layer full: ModelConfig's defaults
+    return window, "".join(letters[k] for k in kinds)
 
 
 # ---- ModelConfig -> config.json --------------------------------------------------------------

@@ -73,6 +73,10 @@ def hf_model(tf, kind: str, **overrides):
         "llama-tied": lambda: tf.LlamaConfig(**{**llama, "num_key_value_heads": 1},
                                              tie_word_embeddings=True),
         "mistral": lambda: tf.MistralConfig(**llama, head_dim=4, sliding_window=None),
+        "mistral-window": lambda: tf.MistralConfig(**llama, head_dim=4, sliding_window=4),
+        "qwen2-window": lambda: tf.Qwen2Config(  # layer 0 full, layer 1 windowed
+            **llama, use_sliding_window=True, sliding_window=4, max_window_layers=1
+        ),
         "qwen2": lambda: tf.Qwen2Config(**llama, tie_word_embeddings=True),
     }  # fmt: skip
     classes = {
@@ -81,13 +85,15 @@ def hf_model(tf, kind: str, **overrides):
         "llama": tf.LlamaForCausalLM,
         "llama-tied": tf.LlamaForCausalLM,
         "mistral": tf.MistralForCausalLM,
+        "mistral-window": tf.MistralForCausalLM,
+        "qwen2-window": tf.Qwen2ForCausalLM,
         "qwen2": tf.Qwen2ForCausalLM,
     }
     config = configs[kind]()
     for key, value in overrides.items():
         setattr(config, key, value)
     model = classes[kind](config).eval()
-    if kind == "qwen2":  # transformers initialises biases to zero: make them count
+    if kind.startswith("qwen2"):  # transformers initialises biases to zero: make them count
         with torch.no_grad():
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
@@ -111,7 +117,8 @@ def hf_greedy(model, prompt: np.ndarray) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-KINDS = ["gpt2", "llama", "llama-tied", "mistral", "qwen2"]
+# the windowed kinds' window of 4 is shorter than the 12 ids and the 38 generated positions
+KINDS = ["gpt2", "llama", "llama-tied", "mistral", "mistral-window", "qwen2", "qwen2-window"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -339,7 +346,8 @@ LLAMA_CONFIG = {
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"sliding_window": 16}, r"sliding_window=16.*sliding-window attention \(issue 16\)"),
+        ({"layer_types": ["chunked_attention"]}, r"layer_types \['chunked_attention'\]"),
+        ({"layer_types": ["sliding_attention"]}, "sliding ones needing a window"),
         ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "RoPE scaling 'linear'"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "RoPE scaling 'yarn'"),
         ({"head_dim": 4}, "head_dim=4"),
@@ -361,8 +369,10 @@ def test_llama_family_config_translation():
     assert (config.rope_theta, config.norm_eps, config.tie_weights) == (1e6, 1e-5, False)
     qwen = {**LLAMA_CONFIG, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 4}
     assert config_from_hf(qwen)[0].qkv_bias  # its window is off without use_sliding_window
-    with pytest.raises(PretrainedError, match="issue 16"):
-        config_from_hf({**qwen, "use_sliding_window": True})
+    windowed = config_from_hf({**qwen, "use_sliding_window": True, "max_window_layers": 0})[0]
+    assert (windowed.window, windowed.window_pattern) == (4, "W")
+    mistral = config_from_hf({**LLAMA_CONFIG, "sliding_window": 16})[0]
+    assert (mistral.window, mistral.window_pattern) == (16, "W")
 
 
 @pytest.mark.oracle
@@ -420,10 +430,10 @@ def test_released_configs_translate(name):
     assert config.tie_weights == hf.get("tie_word_embeddings", True)
 
 
-def test_mistral_7b_v01_is_refused_for_its_window():
+def test_mistral_7b_v01_loads_with_its_window():
     v01 = {**LLAMA_CONFIG, "max_position_embeddings": 32768, "sliding_window": 4096}
-    with pytest.raises(PretrainedError, match="sliding_window=4096.*issue 16"):
-        config_from_hf(v01)
+    config = config_from_hf(v01)[0]
+    assert (config.window, config.block_size, config.context_limit) == (4096, 32768, None)
 
 
 # ---- the hub, simulated ----------------------------------------------------------------------

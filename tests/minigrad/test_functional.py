@@ -264,6 +264,30 @@ def test_gelu_exact_is_accurate_in_the_far_negative_tail():
     np.testing.assert_allclose(F.gelu(x, "none").numpy(), expected, rtol=1e-13)
 
 
+def test_gelu_float32_forms_match_float64_to_float32_accuracy():
+    # float32 takes A&S 7.1.26 for the exact form and an in-place tanh form: both against the
+    # float64 path, values and gradients, over the tails, zero, inf and NaN (and, for the exact
+    # form, x^2 past float32's range; the tanh form's gradient is NaN there, as torch's is)
+    xs = np.concatenate([np.linspace(-12, 12, 2401), [0.0, -0.0, 60.0, -60.0]])
+    special = np.array([np.inf, -np.inf, np.nan])
+    # the tanh form's gradient near |x| = 12 is x du/dx (~150) times 1 - tanh^2 (~1e-8): its
+    # float32 rounding there is a few 1e-6 (the old two-temporary code's was 1.2e-6)
+    for form, huge, atol in (("tanh", [], 3e-6), ("none", [1e20, -1e20], 5e-7)):
+        values = np.concatenate([xs, huge, special])
+        g = np.linspace(-2, 2, values.size)
+        results = []
+        for dtype in ("float32", "float64"):
+            x = mg.tensor(values, dtype=dtype, requires_grad=True)
+            with np.errstate(over="ignore", invalid="ignore"):  # inf * 0 is NaN on purpose
+                y = F.gelu(x, form)
+                y.backward(g.astype(dtype))
+            results.append((y.numpy().astype(np.float64), x.grad.astype(np.float64)))
+        (y32, g32), (y64, g64) = results
+        # A&S's 7.5e-8 in Phi times |x| ~ 3.5 (torch's own float32 GELU is off by 1.2e-6)
+        np.testing.assert_allclose(y32, y64, rtol=2e-7, atol=3e-7, err_msg=form)
+        np.testing.assert_allclose(g32, g64, rtol=2e-6, atol=atol, err_msg=form)
+
+
 def test_gelu_rejects_an_unknown_form():
     with pytest.raises(ValueError, match="approximate must be one of"):
         F.gelu(mg.ones(2), approximate="erf")

@@ -32,7 +32,7 @@ from solutions import (
 
 import minigrad as mg
 from decoder.config import TrainConfig
-from decoder.positional import RoPE
+from decoder.positional import RoPE, rope_frequencies
 from decoder.pretrained import to_ours
 from decoder.step import train_step
 from decoder.tokenizer import BPETokenizer, merge_pair, split_text
@@ -534,6 +534,43 @@ def update_scale_steps_anyway(scale, clean_steps, finite, growth_interval):
     return scale, clean_steps, True
 
 
+# ---- lesson 17 ---------------------------------------------------------------------------------
+def window_mask_off_by_one(T, W):
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    return (j > i) | (j < i - W)  # each query sees W + 1 positions
+
+
+def window_mask_two_sided(T, W):
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    return np.abs(i - j) >= W  # a band, but the next W - 1 tokens stay visible
+
+
+def absorb_query_one_head(q_nope, w_uk):
+    return q_nope @ w_uk[0]  # every head absorbs head 0's W_UK
+
+
+def absorb_query_explicit_keys(q_nope, w_uk):
+    return q_nope @ w_uk.swapaxes(-1, -2)  # W_UK transposed: the wrong space (or a shape error)
+
+
+def yarn_ramp_reversed(head_size, factor, original_context, theta=10000.0):
+    freqs = theta ** -(np.arange(0, head_size, 2) / head_size)
+    turns = original_context * freqs / (2 * math.pi)
+    gamma = np.clip((turns - 1.0) / 31.0, 0.0, 1.0)
+    return gamma * freqs / factor + (1 - gamma) * freqs  # interpolates the fast pairs instead
+
+
+def yarn_turns_without_two_pi(head_size, factor, original_context, theta=10000.0):
+    freqs = theta ** -(np.arange(0, head_size, 2) / head_size)
+    turns = original_context * freqs  # radians over the context, not turns
+    gamma = np.clip((turns - 1.0) / 31.0, 0.0, 1.0)
+    return (1 - gamma) * freqs / factor + gamma * freqs
+
+
+def yarn_library(head_size, factor, original_context, theta=10000.0):
+    return rope_frequencies(head_size, theta, "yarn", factor, original_context)[0]
+
+
 WRONG = [
     ("lesson01", "topological_sort", topological_sort_recursive),
     ("lesson01", "topological_sort", topological_sort_children_first),
@@ -609,6 +646,13 @@ WRONG = [
     ("lesson16", "zero_slices", zero_slices_whole_parameters),
     ("lesson16", "update_scale", update_scale_keeps_count),
     ("lesson16", "update_scale", update_scale_steps_anyway),
+    ("lesson17", "window_mask", window_mask_off_by_one),
+    ("lesson17", "window_mask", window_mask_two_sided),
+    ("lesson17", "absorb_query", absorb_query_one_head),
+    ("lesson17", "absorb_query", absorb_query_explicit_keys),
+    ("lesson17", "yarn_frequencies", yarn_ramp_reversed),
+    ("lesson17", "yarn_frequencies", yarn_turns_without_two_pi),
+    ("lesson17", "yarn_frequencies", yarn_library),
 ]
 
 CHECKS = sorted(p.stem for p in (Path(checks.__file__).parent).glob("lesson*.py"))

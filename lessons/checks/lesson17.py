@@ -10,6 +10,7 @@ import minigrad as mg
 from decoder import positional
 from decoder.mla import MultiHeadLatentAttention
 from minigrad import functional as F
+from minigrad.functional import attention
 
 
 def library_hidden(T: int, W: int) -> np.ndarray:
@@ -27,11 +28,18 @@ def library_hidden(T: int, W: int) -> np.ndarray:
 
 
 def test_window_mask(fn):
-    for T, W in ((6, 2), (7, 3), (5, 1), (4, 4), (4, 9), (1, 1), (0, 3)):
-        got = np.asarray(fn(T, W))
+    cases = ((6, 2), (7, 3), (5, 1), (4, 4), (4, 9), (1, 1), (0, 3))
+    wants = [library_hidden(T, W) for T, W in cases]
+    why = "build the mask from the positions i and j yourself"
+    with (
+        forbidden(fn, F, "scaled_dot_product_attention", why),
+        forbidden(fn, attention, "scaled_dot_product_attention", why),
+        forbidden(fn, attention, "naive_attention", why),
+    ):
+        answers = [np.asarray(fn(T, W)) for T, W in cases]
+    for (T, W), got, want in zip(cases, answers, wants, strict=True):
         assert got.shape == (T, T), f"T={T}, W={W}: want a (T, T) mask, got shape {got.shape}"
         assert got.dtype == bool, f"want a bool mask (True = hidden), got dtype {got.dtype}"
-        want = library_hidden(T, W)
         wrong = np.argwhere(got != want)
         if len(wrong):
             i, j = wrong[0]

@@ -545,6 +545,12 @@ def window_mask_two_sided(T, W):
     return np.abs(i - j) >= W  # a band, but the next W - 1 tokens stay visible
 
 
+def window_mask_library(T, W):
+    # the library's weights when every score is equal: zero exactly where a key is hidden
+    zeros, eye = mg.zeros(1, 1, T, T), mg.tensor(np.eye(T, dtype=np.float32)[None, None])
+    return F.scaled_dot_product_attention(zeros, zeros, eye, window=W).numpy()[0, 0] == 0
+
+
 def absorb_query_one_head(q_nope, w_uk):
     return q_nope @ w_uk[0]  # every head absorbs head 0's W_UK
 
@@ -648,6 +654,7 @@ WRONG = [
     ("lesson16", "update_scale", update_scale_steps_anyway),
     ("lesson17", "window_mask", window_mask_off_by_one),
     ("lesson17", "window_mask", window_mask_two_sided),
+    ("lesson17", "window_mask", window_mask_library),
     ("lesson17", "absorb_query", absorb_query_one_head),
     ("lesson17", "absorb_query", absorb_query_explicit_keys),
     ("lesson17", "yarn_frequencies", yarn_ramp_reversed),

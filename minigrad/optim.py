@@ -264,12 +264,21 @@ class AdamW(Optimizer):
         t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
         if wd:
             p *= 1 - lr * wd
-        m *= b1
-        m += (1 - b1) * grad
+        # in place through one scratch array, not a temporary per operation; the order of
+        # operations is torch's (subtle: out= keeps a 0-d parameter an array, not a scalar)
+        step = xp.multiply(grad, grad, out=xp.empty_like(p))
+        step *= 1 - b2
         v *= b2
-        v += (1 - b2) * (grad * grad)
-        denom = xp.sqrt(v) / math.sqrt(1 - b2**t) + eps
-        p -= (lr / (1 - b1**t)) * m / denom
+        v += step
+        xp.multiply(grad, 1 - b1, out=step)
+        m *= b1
+        m += step
+        xp.sqrt(v, out=step)
+        step /= math.sqrt(1 - b2**t)
+        step += eps  # the denominator
+        xp.divide(m, step, out=step)
+        step *= lr / (1 - b1**t)
+        p -= step
 
 
 def param_groups_for_decay(model: Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -64,6 +64,24 @@ def test_adamw_first_steps_by_hand():
     assert opt.state[0]["step"] == 2
 
 
+def test_adamw_updates_in_place_keeping_0d_and_float32():
+    # the update writes through one scratch array with out=: a 0-d parameter must stay an
+    # array (0-d arithmetic gives NumPy scalars) and float32 must stay float32 throughout
+    scalar, matrix = param(2.0), nn.Parameter(np.ones((2, 3), dtype=np.float32))
+    scalar_data, matrix_data = scalar.data, matrix.data
+    opt = AdamW([scalar, matrix], lr=0.1, weight_decay=0.0)
+    for _ in range(2):
+        scalar.grad, matrix.grad = np.array(0.5), np.full((2, 3), -0.5, dtype=np.float32)
+        opt.step()
+    assert scalar.data is scalar_data and matrix.data is matrix_data  # updated in place
+    np.testing.assert_allclose(scalar.data, 2.0 - 0.2, rtol=1e-6)  # each step lr * g / |g|
+    np.testing.assert_allclose(matrix.data, 1.2, rtol=1e-6)
+    state = opt.state[1]
+    assert {matrix.data.dtype, state["exp_avg"].dtype, state["exp_avg_sq"].dtype} == {
+        np.dtype(np.float32)
+    }
+
+
 def test_parameters_without_grad_are_skipped():
     p, q = param([1.0]), param([1.0])
     opt = AdamW([p, q], lr=0.1, weight_decay=0.1)

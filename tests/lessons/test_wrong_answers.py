@@ -31,6 +31,7 @@ from solutions import (
 )
 
 import minigrad as mg
+from decoder.chat import pad_batch
 from decoder.config import TrainConfig
 from decoder.positional import RoPE, rope_frequencies
 from decoder.pretrained import to_ours
@@ -577,6 +578,68 @@ def yarn_library(head_size, factor, original_context, theta=10000.0):
     return rope_frequencies(head_size, theta, "yarn", factor, original_context)[0]
 
 
+# ---- lesson 19 ---------------------------------------------------------------------------------
+def masked_targets_off_by_one(ids, n_prompt):
+    ids = np.asarray(ids)
+    y = ids[1:].copy()
+    y[:n_prompt] = -100  # one too many: the first response token is never trained
+    return ids[:-1], y
+
+
+def masked_targets_unshifted(ids, n_prompt):
+    ids = np.asarray(ids)
+    y = ids[:-1].copy()  # each position "predicts" its own token
+    y[: n_prompt - 1] = -100
+    return ids[:-1], y
+
+
+def masked_targets_library(ids, n_prompt):
+    x, y = pad_batch([(ids, n_prompt)], pad_id=0)
+    return x[0], y[0]
+
+
+def _log_softmax(logits):
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def response_logp_mean(logits, y):
+    keep = y != -100
+    picked = np.take_along_axis(_log_softmax(logits), np.where(keep, y, 0)[..., None], -1)[..., 0]
+    return np.where(keep, picked, 0.0).sum(-1) / np.maximum(keep.sum(-1), 1)  # per token
+
+
+def response_logp_unmasked(logits, y):
+    picked = np.take_along_axis(_log_softmax(logits), np.where(y < 0, 0, y)[..., None], -1)
+    return picked[..., 0].sum(-1)  # the ignored positions add log p(token 0)
+
+
+def response_logp_unstable(logits, y):
+    with np.errstate(over="ignore", invalid="ignore"):  # e^1000 is inf: inf - inf at 1000s
+        logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    keep = y != -100
+    picked = np.take_along_axis(logp, np.where(keep, y, 0)[..., None], -1)[..., 0]
+    return np.where(keep, picked, 0.0).sum(-1)
+
+
+def response_logp_library(logits, y):
+    return -F.cross_entropy(mg.tensor(logits), y, reduction="none").numpy().sum(-1)
+
+
+def dpo_loss_naive(pc, pr, rc, rr, beta):
+    z = beta * ((pc - rc) - (pr - rr))
+    with np.errstate(over="ignore"):
+        return float(np.log(1 + np.exp(-z)).mean())  # e^(1e4) overflows to inf
+
+
+def dpo_loss_without_reference(pc, pr, rc, rr, beta):
+    return float(np.logaddexp(0.0, -beta * (pc - pr)).mean())
+
+
+def dpo_loss_library(pc, pr, rc, rr, beta):
+    return F.dpo_loss(*(mg.tensor(a, dtype="float64") for a in (pc, pr, rc, rr)), beta=beta).item()
+
+
 WRONG = [
     ("lesson01", "topological_sort", topological_sort_recursive),
     ("lesson01", "topological_sort", topological_sort_children_first),
@@ -660,6 +723,16 @@ WRONG = [
     ("lesson17", "yarn_frequencies", yarn_ramp_reversed),
     ("lesson17", "yarn_frequencies", yarn_turns_without_two_pi),
     ("lesson17", "yarn_frequencies", yarn_library),
+    ("lesson19", "masked_targets", masked_targets_off_by_one),
+    ("lesson19", "masked_targets", masked_targets_unshifted),
+    ("lesson19", "masked_targets", masked_targets_library),
+    ("lesson19", "response_logp", response_logp_mean),
+    ("lesson19", "response_logp", response_logp_unmasked),
+    ("lesson19", "response_logp", response_logp_unstable),
+    ("lesson19", "response_logp", response_logp_library),
+    ("lesson19", "dpo_loss", dpo_loss_naive),
+    ("lesson19", "dpo_loss", dpo_loss_without_reference),
+    ("lesson19", "dpo_loss", dpo_loss_library),
 ]
 
 CHECKS = sorted(p.stem for p in (Path(checks.__file__).parent).glob("lesson*.py"))

@@ -135,11 +135,44 @@ def scatter_add(target: Any, index: Any, values: Any) -> None:
     array([2., 0., 5.])
     """
     if xp_of(target) is np:
-        np.add.at(target, index, values)
+        if _is_rows_index(index, values, target):
+            _scatter_add_rows(target, index, values)
+        else:
+            np.add.at(target, index, values)
     else:
         import cupyx
 
         cupyx.scatter_add(target, index, values)
+
+
+def _is_rows_index(index: Any, values: Any, target: Any) -> bool:
+    """True for what an embedding's backward passes: one non-negative integer index per row of
+    ``values``, which has target's row shape (negative or broadcast cases go to np.add.at)."""
+    return (
+        isinstance(index, np.ndarray)
+        and index.ndim == 1
+        and index.dtype.kind in "iu"
+        and index.size > 0
+        and np.shape(values) == index.shape + target.shape[1:]
+        and index.min() >= 0
+    )
+
+
+def _scatter_add_rows(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
+    """``scatter_add`` of whole rows by sorting: np.add.at is unbuffered, an element at a time
+    (1.5 ms for 768 rows of 128 against 0.16 ms here); this sorts the indices (stably, so each
+    row's contributions keep their order), sums each run of equal indices with one
+    ``np.add.reduceat`` and adds the sums into rows that are now distinct.
+
+    >>> t = np.zeros((3, 2)); _scatter_add_rows(t, np.array([2, 0, 2]), np.ones((3, 2))); t
+    array([[1., 1.],
+           [0., 0.],
+           [2., 2.]])
+    """
+    order = np.argsort(index, kind="stable")
+    sorted_index = index[order]
+    starts = np.flatnonzero(np.r_[True, sorted_index[1:] != sorted_index[:-1]])  # each run's first
+    target[sorted_index[starts]] += np.add.reduceat(values[order], starts, axis=0)
 
 
 # glibc's mallopt parameters (malloc.h) and the values we set

@@ -21,7 +21,7 @@ from typing import Any
 from minigrad.autograd import Function
 from minigrad.backend import scatter_add, to_numpy, xp_of
 from minigrad.functional.inputs import as_index_array, check_same_dtype
-from minigrad.functional.rows import as_rows
+from minigrad.functional.rows import as_rows, sum_rows
 from minigrad.tensor import Tensor
 
 
@@ -53,7 +53,7 @@ class Linear(Function):
         grad_w = g.T @ as_rows(x) if need_w else None  # (out, N) @ (N, in)
         if not need_b:  # called without a bias
             return grad_x, grad_w
-        return grad_x, grad_w, (g.sum(axis=0) if need_b[0] else None)  # (N, out) -> (out,)
+        return grad_x, grad_w, (sum_rows(g) if need_b[0] else None)  # (N, out) -> (out,)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -13,12 +13,10 @@ and rms_norm; the default eps values are the ones the decoder uses (1e-5 and 1e-
 
 from __future__ import annotations
 
-from typing import Any
-
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
 from minigrad.functional.inputs import check_floating, check_same_dtype
-from minigrad.functional.rows import as_rows, dot_last, sum_last, widen
+from minigrad.functional.rows import dot_last, sum_last, sum_rows, widen
 from minigrad.tensor import Tensor
 
 
@@ -32,19 +30,6 @@ def _split_affine(arrays: tuple, has_weight: bool, has_bias: bool) -> tuple:
     weight = rest.pop(0) if has_weight else None
     bias = rest.pop(0) if has_bias else None
     return weight, bias
-
-
-def _sum_rows(a: Any) -> Any:
-    """The sum over every row (all axes but the last) of ``a``: the gradient of a (C,) weight
-    or bias applied to each row. A vector of ones times the (N, C) rows: the BLAS does this
-    three times faster than ``sum(axis=0)`` (bench/fused_ops.py).
-
-    >>> import numpy as np
-    >>> _sum_rows(np.ones((2, 3, 4))).tolist()
-    [6.0, 6.0, 6.0, 6.0]
-    """
-    rows = as_rows(a)  # (..., C) -> (N, C)
-    return xp_of(a).ones(rows.shape[0], dtype=a.dtype) @ rows  # (N,) @ (N, C) -> (C,)
 
 
 class LayerNorm(Function):
@@ -96,9 +81,9 @@ class LayerNorm(Function):
         g *= rstd
         grads = [g]
         if weight is not None:
-            grads.append(_sum_rows(grad_w_rows))  # (..., C) -> (C,)
+            grads.append(sum_rows(grad_w_rows))  # (..., C) -> (C,)
         if ctx.has_bias:
-            grads.append(_sum_rows(grad_out))
+            grads.append(sum_rows(grad_out))
         return tuple(grads)
 
 
@@ -131,7 +116,7 @@ class RMSNorm(Function):
         grad_x *= -rstd  # r (g - xhat mean(g xhat)), built in place in one buffer
         if weight is None:
             return grad_x
-        return grad_x, _sum_rows(grad_out * xhat)  # (..., C) -> (C,)
+        return grad_x, sum_rows(grad_out * xhat)  # (..., C) -> (C,)
 
 
 def _check_inputs(op: str, x: Tensor, **params: Tensor | None) -> None:

@@ -43,6 +43,18 @@ def as_rows(a: Any) -> Any:
     return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # (..., C) -> (N, C)
 
 
+def sum_rows(a: Any) -> Any:
+    """The sum over every row (all axes but the last) of ``a``: the gradient of a (C,) weight
+    or bias applied to each row. A vector of ones times the (N, C) rows: the BLAS does this
+    two to four times faster than ``sum(axis=0)`` (bench/fused_ops.py).
+
+    >>> sum_rows(np.ones((2, 3, 4))).tolist()
+    [6.0, 6.0, 6.0, 6.0]
+    """
+    rows = as_rows(a)  # (..., C) -> (N, C)
+    return xp_of(a).ones(rows.shape[0], dtype=a.dtype) @ rows  # (N,) @ (N, C) -> (C,)
+
+
 def sum_last(a: Any) -> Any:
     """``a.sum(axis=-1, keepdims=True)``, by einsum: NumPy's reduce along a short last axis is
     about three times slower than einsum's vectorised loop (bench/fused_ops.py).

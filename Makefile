@@ -15,9 +15,9 @@ $(VENV)/.stamp-dev: $(VENV)/.stamp-base
 	$(PIP) install -e '.[dev]'
 	touch $@
 
-# The oracle (a CPU build of torch) is only for tests and benchmarks; see README to skip it.
+# The oracle (CPU torch, transformers) is only for tests and benchmarks; see README to skip it.
 $(VENV)/.stamp-oracle: $(VENV)/.stamp-base
-	$(PIP) install -e '.[oracle]' || echo "torch could not be installed: oracle tests will skip"
+	$(PIP) install -e '.[oracle]' || echo "torch or transformers could not be installed: the oracle tests will skip"
 	touch $@
 
 train: $(VENV)/.stamp-base

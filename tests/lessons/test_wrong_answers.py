@@ -578,6 +578,61 @@ def yarn_library(head_size, factor, original_context, theta=10000.0):
     return rope_frequencies(head_size, theta, "yarn", factor, original_context)[0]
 
 
+def kv_bytes_all_heads(config, dtype_bytes=4):
+    return config.n_layer * 2 * config.n_head * config.head_size * dtype_bytes  # GQA ignored
+
+
+def kv_bytes_mla_without_rotary_key(config, dtype_bytes=4):
+    if config.attention == "mla":  # forgets the shared rotary key cached beside the latent
+        return config.n_layer * config.kv_lora_rank * dtype_bytes
+    return config.n_layer * 2 * config.n_kv_head * config.head_size * dtype_bytes
+
+
+def kv_bytes_library(config, dtype_bytes=4):
+    from decoder.mla import cache_floats_per_token
+
+    return cache_floats_per_token(config) * dtype_bytes
+
+
+def load_balancing_per_token(probs, k):
+    # Hugging Face's Mixtral count: f over tokens sums to k, so the loss is k times too big
+    chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    share = np.bincount(chosen.ravel(), minlength=probs.shape[1]) / len(probs)
+    return probs.shape[1] * (share * probs.mean(0)).sum()
+
+
+def load_balancing_soft_share(probs, k):
+    return probs.shape[1] * (probs.mean(0) ** 2).sum()  # f from probabilities, not the choice
+
+
+def load_balancing_library(probs, k):
+    from minigrad.ops.routing import topk_indices
+
+    share = np.bincount(topk_indices(probs, k).ravel(), minlength=probs.shape[1]) / (len(probs) * k)
+    return probs.shape[1] * (share * probs.mean(0)).sum()
+
+
+def greedy_accept_no_bonus(drafts, target_choices):
+    kept = []
+    for d, t in zip(drafts, target_choices, strict=False):
+        if d != t:
+            return kept + [t]
+        kept.append(d)
+    return kept  # all k kept: forgets the target's (k + 1)-th token
+
+
+def greedy_accept_every_match(drafts, target_choices):
+    kept = [d for d, t in zip(drafts, target_choices, strict=False) if d == t]  # past mismatches
+    return kept + [target_choices[len(kept)]]
+
+
+def greedy_accept_library(drafts, target_choices):
+    from decoder.decoding import accept_drafts
+
+    p, q = np.eye(10)[target_choices], np.eye(10)[drafts]
+    return accept_drafts(p, q, list(drafts), np.random.default_rng(0))
+
+
 # ---- lesson 19 ---------------------------------------------------------------------------------
 def masked_targets_off_by_one(ids, n_prompt):
     ids = np.asarray(ids)
@@ -723,6 +778,15 @@ WRONG = [
     ("lesson17", "yarn_frequencies", yarn_ramp_reversed),
     ("lesson17", "yarn_frequencies", yarn_turns_without_two_pi),
     ("lesson17", "yarn_frequencies", yarn_library),
+    ("lesson18", "kv_bytes_per_token", kv_bytes_all_heads),
+    ("lesson18", "kv_bytes_per_token", kv_bytes_mla_without_rotary_key),
+    ("lesson18", "kv_bytes_per_token", kv_bytes_library),
+    ("lesson18", "load_balancing_loss", load_balancing_per_token),
+    ("lesson18", "load_balancing_loss", load_balancing_soft_share),
+    ("lesson18", "load_balancing_loss", load_balancing_library),
+    ("lesson18", "greedy_accept", greedy_accept_no_bonus),
+    ("lesson18", "greedy_accept", greedy_accept_every_match),
+    ("lesson18", "greedy_accept", greedy_accept_library),
     ("lesson19", "masked_targets", masked_targets_off_by_one),
     ("lesson19", "masked_targets", masked_targets_unshifted),
     ("lesson19", "masked_targets", masked_targets_library),

@@ -28,7 +28,8 @@ tiktoken's ``gpt2`` for GPT-2, the ``tokenizer.json`` beside the weights for the
 family (decoder/hf_tokenizer.py).
 
 Mistral's ``sliding_window`` becomes our ``window`` on every layer, and Qwen2's per-layer
-``layer_types`` (or its older ``max_window_layers``) our ``window_pattern``. Left out on
+``layer_types`` (or its older ``max_window_layers``) our ``window_pattern``; a Llama-layout
+model windowed on every layer saves as a MistralForCausalLM. Left out on
 purpose: RoPE scaling (linear, NTK, YaRN, Llama 3's), quantised weights, and the other
 architectures.
 Follows the layouts of Hugging Face transformers' ``modeling_gpt2.py`` and
@@ -341,7 +342,10 @@ def _sliding_window(f: _Fields, arch: str) -> tuple[int | None, str]:
         )
     if window is None or "sliding_attention" not in kinds:
         return None, "W"  # every layer full: ModelConfig's defaults
-    return window, "".join(letters[k] for k in kinds)
+    pattern = "".join(letters[k] for k in kinds)
+    # the shortest pattern that repeats to it ("WW" -> "W"), as a preset writes it
+    n = next(n for n in range(1, n_layer + 1) if (pattern[:n] * n_layer)[:n_layer] == pattern)
+    return window, pattern[:n]
 
 
 # ---- ModelConfig -> config.json --------------------------------------------------------------
@@ -392,6 +396,11 @@ def _config_to_hf(config: ModelConfig) -> tuple[dict[str, Any], str]:
         }, "gpt2"
     if llama and c.dropout == 0:
         arch = "Qwen2ForCausalLM" if c.qkv_bias and not c.bias else "LlamaForCausalLM"
+        every_layer_windowed = all(c.layer_window(i) is not None for i in range(c.n_layer))
+        if arch == "LlamaForCausalLM" and not c.bias and every_layer_windowed:
+            arch = "MistralForCausalLM"  # Llama's layout with a window on every layer
+        # other window patterns fall to config_to_hf's round trip, which names them
+        window = {"sliding_window": c.window} if arch == "MistralForCausalLM" else {}
         return {
             "architectures": [arch],
             "model_type": ARCHITECTURES[arch][1],
@@ -405,6 +414,7 @@ def _config_to_hf(config: ModelConfig) -> tuple[dict[str, Any], str]:
             "hidden_act": "silu",
             "rms_norm_eps": c.norm_eps,
             "rope_theta": c.rope_theta,
+            **window,
             **(
                 {} if arch == "Qwen2ForCausalLM" else {"attention_bias": c.bias, "mlp_bias": c.bias}
             ),

@@ -7,6 +7,7 @@ weights are downloaded, and the hub is simulated. Tests that need ``transformers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from decoder import finetune as finetune_cli
 from decoder import generate as generate_cli
-from decoder.config import ModelConfig
+from decoder.config import ModelConfig, build_configs
 from decoder.hf_tokenizer import HFTokenizer
 from decoder.model import Decoder
 from decoder.pretrained import (
@@ -159,7 +160,7 @@ def test_float16_weights_load_as_float32(tf, tmp_path):
     np.testing.assert_allclose(ours(ids)[0].data, hf_logits(model.float(), ids), atol=2e-5)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "gpt2-untied", "llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["gpt2", "gpt2-untied", "llama", "mistral-window", "qwen2"])
 @pytest.mark.oracle
 def test_a_model_we_save_loads_in_transformers(tf, tmp_path, kind):
     model = hf_model(tf, kind)
@@ -185,6 +186,22 @@ def test_our_own_llama_config_saves_and_loads(tf, tmp_path):
     assert type(theirs).__name__ == "LlamaForCausalLM"
     ids = np.arange(16)[None] % V
     np.testing.assert_allclose(ours(ids)[0].data, hf_logits(theirs, ids), atol=2e-5)
+
+
+@pytest.mark.oracle
+def test_the_mistral_preset_saves_as_a_mistral_model(tf, tmp_path):
+    """Every layer windowed: transformers' MistralForCausalLM, with the same band mask."""
+    config, _ = build_configs("mistral", vocab_size=V, n_layer=2, n_embd=32, window=4)
+    ours = Decoder(config)
+    ours.save_pretrained(tmp_path)
+    theirs = tf.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(theirs).__name__ == "MistralForCausalLM"
+    assert theirs.config.sliding_window == 4
+    ids = np.arange(20)[None] % V  # 20 positions: a window of 4 hides most of them
+    np.testing.assert_allclose(ours(ids)[0].data, hf_logits(theirs, ids), atol=2e-5)
+    alternating = Decoder(dataclasses.replace(config, window_pattern="WF"))
+    with pytest.raises(PretrainedError, match="cannot express.*window_pattern"):
+        alternating.save_pretrained(tmp_path / "alternating")
 
 
 def test_save_refuses_what_the_format_cannot_express(tmp_path):
@@ -371,8 +388,13 @@ def test_llama_family_config_translation():
     assert config_from_hf(qwen)[0].qkv_bias  # its window is off without use_sliding_window
     windowed = config_from_hf({**qwen, "use_sliding_window": True, "max_window_layers": 0})[0]
     assert (windowed.window, windowed.window_pattern) == (4, "W")
-    mistral = config_from_hf({**LLAMA_CONFIG, "sliding_window": 16})[0]
-    assert (mistral.window, mistral.window_pattern) == (16, "W")
+    mistral = config_from_hf({**LLAMA_CONFIG, "sliding_window": 16, "num_hidden_layers": 3})[0]
+    assert (mistral.window, mistral.window_pattern) == (16, "W")  # "WWW" written as a preset
+    kinds = ["full_attention", "sliding_attention"] * 2
+    gemma_like = {**LLAMA_CONFIG, "sliding_window": 4, "num_hidden_layers": 4, "layer_types": kinds}
+    assert config_from_hf(gemma_like)[0].window_pattern == "FW"
+    late = {**qwen, "use_sliding_window": True, "num_hidden_layers": 3, "max_window_layers": 2}
+    assert config_from_hf(late)[0].window_pattern == "FFW"  # Qwen2: the last layer windowed
 
 
 @pytest.mark.oracle

@@ -7,9 +7,9 @@ change and YaRN, each with factor = context / 64 and YaRN's original context 64
 (decoder/positional.py, ``rope_frequencies``). The loss is the mean next-token cross-entropy
 over every position of ``--eval-batches`` x ``--batch-size`` validation windows of the
 context's length (the same windows for the four), so a scaling that breaks the positions
-past 64 shows as a rising loss. With ``--finetune N``, each scaled model (not the unscaled
-one) is then trained N more steps at the longest context and evaluated there again: the
-papers' claim is that YaRN needs the least of this.
+past 64 shows as a rising loss. With ``--finetune N``, each of the four is then trained N
+more steps at the longest context and evaluated there again (the unscaled one shows what the
+extra training alone buys): the papers' claim is that YaRN needs the least of this.
 
 The weights load into each longer model unchanged: RoPE's tables are not saved, so a model
 of another block_size and scaling takes the same state dict.
@@ -121,13 +121,13 @@ def main() -> None:
         context = max(args.contexts)
         batch_cfg = dataclasses.replace(train_cfg, batch_size=args.batch_size)
         row = []
-        for scaling in SCALINGS[1:]:
+        for scaling in SCALINGS:
             model = scaled(model_cfg, context, scaling)
             model.load_state_dict(weights)
             train(model, data, args.finetune, context, batch_cfg, seed=1)
             row.append(evaluate(model, data, context, args.eval_batches, args.batch_size))
         print(f"after {args.finetune} steps of fine-tuning at context {context}:")
-        print(f"{context:>7} | {'-':>7} " + " ".join(f"{loss:>7.3f}" for loss in row))
+        print(f"{context:>7} | " + " ".join(f"{loss:>7.3f}" for loss in row))
 
 
 if __name__ == "__main__":

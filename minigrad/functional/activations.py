@@ -17,7 +17,10 @@ Both take floating-point tensors only, as PyTorch's. Left out on purpose: ReLU a
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from minigrad.autograd import Function
 from minigrad.backend import xp_of
@@ -38,43 +41,67 @@ ERFC_P = 0.3275911
 ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)  # P's, lowest first
 
 
+BLOCK = 2**16  # elements: a block's few arrays (256 KiB each in float32) stay in the L2 cache
+
+
+def _blocks(*arrays: Any) -> Iterator[list]:
+    """Matching views of the same BLOCK elements of each array, all of one shape, flattened.
+
+    The GELUs make a dozen passes over their arrays; run block by block, every pass after
+    the first reads from the cache instead of memory (a quarter faster on (768, 512)). The
+    outputs must be C-contiguous, so that their flattened views write through. On CuPy
+    there is one block: a kernel per block would only add launches.
+
+    >>> [len(b) for b, in _blocks(np.zeros(BLOCK + 3))]
+    [65536, 3]
+    """
+    flats = [a.reshape(-1) for a in arrays]  # subtle: a 0-d array becomes (1,), a view
+    size = flats[0].size
+    step = BLOCK if xp_of(arrays[0]) is np else max(size, 1)
+    for start in range(0, size, step):
+        yield [f[start : start + step] for f in flats]
+
+
 class GeluTanh(Function):
     """y = x h,  h = (1 + tanh u) / 2,  u = sqrt(2/pi) (x + 0.044715 x^3)   (GPT-2's GELU).
 
     Backward, with 1 - tanh(u)^2 = 4 h (1 - h) and du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2):
         dy/dx = h + x h' = h + 2 x h (1 - h) du/dx.
-    Each line below is one in-place pass over the activations: no temporaries.
+    Each line below is one in-place pass over a block of the activations.
     """
 
     @staticmethod
     def forward(ctx, x):
         xp = xp_of(x)
-        flat = x.reshape(-1)  # subtle: 0-d arithmetic gives scalars, which take no out=
-        h = flat * flat
-        h *= GELU_CUBIC * SQRT_2_OVER_PI
-        h += SQRT_2_OVER_PI
-        h *= flat  # u
-        xp.tanh(h, out=h)
-        h += 1.0
-        h *= 0.5
-        h = h.reshape(x.shape)
+        h, y = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
+        for xb, hb, yb in _blocks(x, h, y):
+            xp.multiply(xb, xb, out=hb)
+            hb *= GELU_CUBIC * SQRT_2_OVER_PI
+            hb += SQRT_2_OVER_PI
+            hb *= xb  # u
+            xp.tanh(hb, out=hb)
+            hb += 1.0
+            hb *= 0.5
+            xp.multiply(xb, hb, out=yb)
         ctx.save_for_backward(x, h)
-        return x * h
+        return y
 
     @staticmethod
     def backward(ctx, grad_out):
         x, h = ctx.saved
-        flat, h = x.reshape(-1), h.reshape(-1)
-        grad_x = flat * flat
-        grad_x *= 6.0 * GELU_CUBIC * SQRT_2_OVER_PI
-        grad_x += 2.0 * SQRT_2_OVER_PI
-        grad_x *= flat  # 2 x du/dx
-        slope = 1.0 - h
-        slope *= h
-        grad_x *= slope
-        grad_x += h
-        grad_x *= grad_out.reshape(-1)
-        return grad_x.reshape(x.shape)
+        xp = xp_of(x)
+        grad_x = xp.empty(x.shape, x.dtype)
+        for xb, hb, gb, out in _blocks(x, h, grad_out, grad_x):
+            xp.multiply(xb, xb, out=out)
+            out *= 6.0 * GELU_CUBIC * SQRT_2_OVER_PI
+            out += 2.0 * SQRT_2_OVER_PI
+            out *= xb  # 2 x du/dx
+            slope = 1.0 - hb
+            slope *= hb
+            out *= slope
+            out += hb
+            out *= gb
+        return grad_x
 
 
 def normal_cdf_pdf(x: Any) -> tuple[Any, Any]:
@@ -84,33 +111,35 @@ def normal_cdf_pdf(x: Any) -> tuple[Any, Any]:
     Phi(x) = 1/2 + sign(x) (1/2 - h), with h = erfc(|x| / sqrt 2) / 2 = t P(t) phi sqrt(pi/2)
     (A&S 7.1.26, so h reuses the density's exponential); absolute error below 1e-7.
 
-    >>> import numpy as np
     >>> cdf, pdf = normal_cdf_pdf(np.array([-1.0, 0.0, 1.0], dtype=np.float32))
     >>> [round(float(v), 6) for v in cdf], cdf.dtype
     ([0.158655, 0.5, 0.841345], dtype('float32'))
     """
     xp = xp_of(x)
-    flat = x.reshape(-1)  # subtle: 0-d arithmetic gives scalars, which take no out=
-    pdf = flat * flat
-    pdf *= -0.5 * LOG2_E
-    xp.exp2(pdf, out=pdf)  # e^(-x^2/2); NumPy's float32 exp2 takes half the time of its exp
-    pdf *= INV_SQRT_2PI
-    if x.dtype == xp.float64:
-        return 0.5 * erfc(-INV_SQRT_2 * x), pdf.reshape(x.shape)
-    t = xp.abs(flat)
-    t *= ERFC_P * INV_SQRT_2  # z = |x| / sqrt 2
-    t += 1.0
-    xp.reciprocal(t, out=t)
+    cdf, pdf = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
     scale = 0.5 / INV_SQRT_2PI  # h = erfc / 2 = t P(t) e^(-z^2) / 2, with e^(-z^2) = pdf sqrt(2 pi)
-    cdf = t * (scale * ERFC_A[-1])
-    for a in reversed(ERFC_A[:-1]):  # Horner, highest coefficient first
-        cdf += scale * a
-        cdf *= t
-    cdf *= pdf  # h
-    xp.subtract(0.5, cdf, out=cdf)
-    xp.copysign(cdf, flat, out=cdf)
-    cdf += 0.5
-    return cdf.reshape(x.shape), pdf.reshape(x.shape)
+    for xb, cb, pb in _blocks(x, cdf, pdf):
+        xp.multiply(xb, xb, out=pb)
+        pb *= -0.5 * LOG2_E
+        xp.exp2(pb, out=pb)  # e^(-x^2/2); NumPy's float32 exp2 takes half the time of its exp
+        pb *= INV_SQRT_2PI
+        if x.dtype == xp.float64:
+            continue
+        t = xp.abs(xb)
+        t *= ERFC_P * INV_SQRT_2  # z = |x| / sqrt 2
+        t += 1.0
+        xp.reciprocal(t, out=t)
+        xp.multiply(t, scale * ERFC_A[-1], out=cb)
+        for a in reversed(ERFC_A[:-1]):  # Horner, highest coefficient first
+            cb += scale * a
+            cb *= t
+        cb *= pb  # h
+        xp.subtract(0.5, cb, out=cb)
+        xp.copysign(cb, xb, out=cb)
+        cb += 0.5
+    if x.dtype == xp.float64:
+        cdf = 0.5 * erfc(-INV_SQRT_2 * x)
+    return cdf, pdf
 
 
 class GeluExact(Function):
@@ -129,9 +158,12 @@ class GeluExact(Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, cdf, pdf = ctx.saved
-        grad_x = x * pdf
-        grad_x += cdf
-        grad_x *= grad_out
+        xp = xp_of(x)
+        grad_x = xp.empty(x.shape, x.dtype)
+        for xb, cb, pb, gb, out in _blocks(x, cdf, pdf, grad_out, grad_x):
+            xp.multiply(xb, pb, out=out)
+            out += cb
+            out *= gb
         return grad_x
 
 

@@ -10,6 +10,7 @@ import pytest
 import minigrad as mg
 from minigrad import functional as F
 from minigrad.backend import to_numpy
+from minigrad.functional.activations import BLOCK
 from minigrad.functional.erf import erf, erfc
 from minigrad.functional.rows import exp_shifted
 
@@ -268,7 +269,8 @@ def test_gelu_float32_forms_match_float64_to_float32_accuracy():
     # float32 takes A&S 7.1.26 for the exact form and an in-place tanh form: both against the
     # float64 path, values and gradients, over the tails, zero, inf and NaN (and, for the exact
     # form, x^2 past float32's range; the tanh form's gradient is NaN there, as torch's is)
-    xs = np.concatenate([np.linspace(-12, 12, 2401), [0.0, -0.0, 60.0, -60.0]])
+    # more than two of the blocks the float32 forms run in, the last one partly filled
+    xs = np.concatenate([np.linspace(-12, 12, 2 * BLOCK + 2401), [0.0, -0.0, 60.0, -60.0]])
     special = np.array([np.inf, -np.inf, np.nan])
     # the tanh form's gradient near |x| = 12 is x du/dx (~150) times 1 - tanh^2 (~1e-8): its
     # float32 rounding there is a few 1e-6 (the old two-temporary code's was 1.2e-6)
@@ -286,6 +288,20 @@ def test_gelu_float32_forms_match_float64_to_float32_accuracy():
         # A&S's 7.5e-8 in Phi times |x| ~ 3.5 (torch's own float32 GELU is off by 1.2e-6)
         np.testing.assert_allclose(y32, y64, rtol=2e-7, atol=3e-7, err_msg=form)
         np.testing.assert_allclose(g32, g64, rtol=2e-6, atol=atol, err_msg=form)
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_of_a_strided_view_is_the_gelu_of_its_copy(rng, approximate):
+    # the blocks walk flattened arrays: a transposed x (not C-contiguous) must not scramble y
+    x = mg.tensor(rng.standard_normal((300, 400)).astype(np.float32), requires_grad=True)
+    y = F.gelu(x.transpose(1, 0), approximate)
+    copy = mg.tensor(np.ascontiguousarray(x.numpy().T), requires_grad=True)
+    y_copy = F.gelu(copy, approximate)
+    np.testing.assert_array_equal(y.numpy(), y_copy.numpy())
+    g = rng.standard_normal((400, 300)).astype(np.float32)
+    y.backward(g)
+    y_copy.backward(g)
+    np.testing.assert_array_equal(x.grad, copy.grad.T)
 
 
 def test_gelu_rejects_an_unknown_form():

@@ -18,15 +18,22 @@ optimiser's memory) and an ``Allgather`` hands every rank the others' slices. Th
 elementwise, so the weights equal the unsharded run's. A checkpoint gathers the slices into
 the optimiser's ordinary state dict, so a run resumes with any number of ranks, sharded or not.
 
+On CuPy each rank takes a GPU of its own (its rank among the ranks on its host, modulo the
+host's GPUs), and the gradients' Allreduce and ZeRO's Allgather run on the GPUs through NCCL
+(``cupy.cuda.nccl``, set up over MPI at the first collective), with no copy to the host; MPI
+still carries the control plane (the has-a-gradient flags and the loss, stop flags, errors).
+Where NCCL is missing, or ranks share a GPU (NCCL refuses that), the gradients travel through
+host memory over MPI instead (the MPI wheels are not CUDA-aware), after a one-line note.
+
 mpi4py is imported only by ``DataParallel.from_mpi``: a run without ``--ddp`` never loads it.
-Gradients on a GPU travel through host memory (the MPI wheels are not CUDA-aware); NCCL
-(``cupy.cuda.nccl``) is left out, as are overlapping communication with the backward pass
-and ZeRO's later stages (sharded gradients and parameters).
+Left out: overlapping communication with the backward pass, and ZeRO's later stages (sharded
+gradients and parameters).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import sys
 import time
 import traceback
@@ -35,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from minigrad.backend import to_numpy, xp_of
+from minigrad.backend import cuda_available, to_numpy, xp_of
 from minigrad.optim import Optimizer
 from minigrad.tensor import Tensor
 
@@ -51,9 +58,11 @@ class DataParallel:
         self.comm, self.mpi = comm, MPI
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.zero = zero
-        self.comm_time = 0.0  # seconds spent in Allreduce and Allgather, over the run
-        self._grads: np.ndarray | None = None  # gradients, flags and loss, reused each step
-        self._params: np.ndarray | None = None  # ZeRO-1: the flat, padded parameters
+        self.comm_time = 0.0  # seconds in Allreduce and Allgather (NCCL: queueing them)
+        self._grads: Any = None  # gradients, flags and loss (NCCL: the gradients), reused
+        self._params: Any = None  # ZeRO-1: the flat, padded parameters (host or device)
+        self._nccl: Any = None  # the NCCL communicator, once the first collective on CuPy asks
+        self._transport_chosen = False  # NCCL or host memory, decided once by every rank
 
     @classmethod
     def from_mpi(cls, zero: bool = False) -> DataParallel:
@@ -64,7 +73,18 @@ class DataParallel:
             raise RuntimeError(
                 f"--ddp needs mpi4py and an MPI library ({e}): {INSTALL_HINT}"
             ) from None
-        return cls(MPI.COMM_WORLD, zero)
+        dist = cls(MPI.COMM_WORLD, zero)
+        if importlib.util.find_spec("cupy") is not None and cuda_available():
+            dist.use_local_gpu()
+        return dist
+
+    def use_local_gpu(self) -> None:
+        """Make this rank's GPU the current one: its rank among the ranks on its host, modulo
+        the host's GPUs (more ranks than GPUs share them, and then NCCL is left out)."""
+        import cupy
+
+        local_rank = self.comm.Split_type(self.mpi.COMM_TYPE_SHARED).Get_rank()
+        cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
 
     @property
     def is_main(self) -> bool:
@@ -83,7 +103,8 @@ class DataParallel:
 
     # ---- the gradient ------------------------------------------------------------------------
     def average_gradients(self, params: Sequence[Tensor], loss: float) -> float:
-        """Average every parameter's ``.grad`` and ``loss`` over the ranks, in one Allreduce;
+        """Average every parameter's ``.grad`` and ``loss`` over the ranks, in one Allreduce
+        (on CuPy with NCCL: the gradients' on the GPUs, the flags' and the loss's over MPI);
         returns the mean loss.
 
         A parameter the loss did not reach on some rank counts as a zero gradient there; one
@@ -92,26 +113,41 @@ class DataParallel:
         """
         sizes = [p.data.size for p in params]
         total = sum(sizes)
-        length = total + len(params) + 1  # (gradients | one flag per parameter | loss)
+        nccl = self._device_comm(params)
+        # (gradients | one flag per parameter | loss) in one host buffer; with NCCL the
+        # gradients in a device buffer and the rest in a small host buffer of its own
+        length = total if nccl is not None else total + len(params) + 1
         if self._grads is None or len(self._grads) != length:
-            self._grads = np.empty(length, dtype=params[0].dtype)
-        buf, offset = self._grads, 0
-        for i, (p, n) in enumerate(zip(params, sizes, strict=True)):
-            present = p.grad is not None
-            buf[offset : offset + n] = to_numpy(p.grad).ravel() if present else 0.0
-            buf[total + i] = present
-            offset += n
-        buf[-1] = loss
-        start = time.perf_counter()
-        self.comm.Allreduce(self.mpi.IN_PLACE, buf)  # sum over the ranks
-        self.comm_time += time.perf_counter() - start
-        buf /= self.size
+            xp = xp_of(params[0].data) if nccl is not None else np
+            self._grads = xp.empty(length, dtype=params[0].dtype)
+        grads = self._grads[:total]
+        tail = (
+            np.empty(len(params) + 1, dtype=params[0].dtype)
+            if nccl is not None
+            else self._grads[total:]
+        )
         offset = 0
         for i, (p, n) in enumerate(zip(params, sizes, strict=True)):
-            grad = buf[offset : offset + n].reshape(p.shape)  # a view: no copy on the host
-            p.grad = xp_of(p.data).asarray(grad) if buf[total + i] > 0 else None
+            present = p.grad is not None
+            grads[offset : offset + n] = self._staged(p.grad).ravel() if present else 0.0
+            tail[i] = present
             offset += n
-        return float(buf[-1])
+        tail[-1] = loss
+        start = time.perf_counter()
+        if nccl is not None:  # sums over the ranks
+            self._nccl_collective("allReduce", grads, grads)
+            self.comm.Allreduce(self.mpi.IN_PLACE, tail)
+        else:
+            self.comm.Allreduce(self.mpi.IN_PLACE, self._grads)
+        self.comm_time += time.perf_counter() - start
+        grads /= self.size
+        tail /= self.size
+        offset = 0
+        for i, (p, n) in enumerate(zip(params, sizes, strict=True)):
+            grad = grads[offset : offset + n].reshape(p.shape)  # a view: no copy
+            p.grad = xp_of(p.data).asarray(grad) if tail[i] > 0 else None
+            offset += n
+        return float(tail[-1])
 
     # ---- the optimiser's step ----------------------------------------------------------------
     def step(self, optimizer: Optimizer) -> None:
@@ -121,26 +157,80 @@ class DataParallel:
             optimizer.step()
             return
         params = [p for group in optimizer.param_groups for p in group["params"]]
+        nccl = self._device_comm(params)
         if self._params is None:
             shard = -(-sum(p.data.size for p in params) // self.size)  # ceil: equal slices
-            self._params = np.zeros(shard * self.size, dtype=params[0].dtype)
+            xp = xp_of(params[0].data) if nccl is not None else np
+            self._params = xp.zeros(shard * self.size, dtype=params[0].dtype)
         for i, p, group, (start, stop), (lo, hi) in self._pieces(optimizer):
-            self._params[start:stop] = to_numpy(p.data).ravel()[lo:hi]
+            self._params[start:stop] = self._staged(p.data).ravel()[lo:hi]
             if p.grad is None:
                 continue
-            grad = to_numpy(p.grad).ravel()[lo:hi]
+            grad = self._staged(p.grad).ravel()[lo:hi]
             # subtle: the state of parameter i holds only this rank's piece of its moments
             optimizer.update(
                 self._params[start:stop], grad, group, optimizer.state.setdefault(i, {})
             )
         start = time.perf_counter()
-        self.comm.Allgather(self.mpi.IN_PLACE, self._params)
+        if nccl is not None:
+            shard = len(self._params) // self.size
+            mine = self._params[self.rank * shard : (self.rank + 1) * shard]
+            self._nccl_collective("allGather", mine, self._params)  # in place, as NCCL allows
+        else:
+            self.comm.Allgather(self.mpi.IN_PLACE, self._params)
         self.comm_time += time.perf_counter() - start
         offset = 0
         for p in params:
             n = p.data.size
             p.data[...] = xp_of(p.data).asarray(self._params[offset : offset + n].reshape(p.shape))
             offset += n
+
+    # ---- NCCL --------------------------------------------------------------------------------
+    def _device_comm(self, params: Sequence[Tensor]) -> Any:
+        """The NCCL communicator where the parameters are on CuPy and NCCL can serve every
+        rank, else None (host memory over MPI). The first call on CuPy is a collective that
+        every rank makes alike (it comes with the first gradient, step or resume)."""
+        if xp_of(params[0].data) is np:
+            return None
+        if not self._transport_chosen:
+            import cupy
+
+            nccl = importlib.import_module("cupy.cuda.nccl")
+            here = (self.mpi.Get_processor_name(), cupy.cuda.runtime.getDevice(), nccl.available)
+            everyone = self.comm.allgather(here)
+            gpus = [(host, gpu) for host, gpu, _ in everyone]
+            if not all(available for _, _, available in everyone):
+                why = "NCCL is not available to CuPy (cupy.cuda.nccl.available is false)"
+            elif len(set(gpus)) < len(gpus):
+                why = "ranks share a GPU, which NCCL refuses (launch one rank per GPU)"
+            else:
+                why = None
+                uid = self.comm.bcast(nccl.get_unique_id() if self.is_main else None, root=0)
+                self._nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+            if why is not None and self.is_main:
+                print(f"note: gradients go through host memory over MPI: {why}", file=sys.stderr)
+            self._transport_chosen = True
+        return self._nccl
+
+    def _staged(self, array: Any) -> Any:
+        """``array`` where the collectives read it: on the device with NCCL, else the host."""
+        return array if self._nccl is not None else to_numpy(array)
+
+    def _nccl_collective(self, name: str, send: Any, recv: Any) -> None:
+        """NCCL's ``allReduce`` (a sum) or ``allGather`` of ``send``'s elements into ``recv``,
+        on the device pointers, on the current stream (so ordered with the kernels around it).
+        """
+        import cupy
+
+        nccl = importlib.import_module("cupy.cuda.nccl")
+        dtype = getattr(nccl, f"NCCL_{send.dtype.name.upper()}")  # NCCL_FLOAT64 and so on
+        stream = cupy.cuda.get_current_stream().ptr
+        if name == "allReduce":
+            self._nccl.allReduce(
+                send.data.ptr, recv.data.ptr, send.size, dtype, nccl.NCCL_SUM, stream
+            )
+        else:
+            self._nccl.allGather(send.data.ptr, recv.data.ptr, send.size, dtype, stream)
 
     def _pieces(self, optimizer: Optimizer) -> Iterator[tuple]:
         """For each parameter that overlaps this rank's slice of the flat parameters: its
@@ -195,10 +285,11 @@ class DataParallel:
         if not self.zero:
             return
         kept = {}
+        self._device_comm([p for g in optimizer.param_groups for p in g["params"]])
         for i, _, _, _, (lo, hi) in self._pieces(optimizer):
             if i in optimizer.state:
                 kept[i] = {
-                    name: to_numpy(value).ravel()[lo:hi].copy()
+                    name: self._staged(value).ravel()[lo:hi].copy()
                     if hasattr(value, "shape")
                     else value
                     for name, value in optimizer.state[i].items()

@@ -2,7 +2,9 @@
 under a timeout: 2 ranks x b rows take the step of one process with 2b (gradients and new
 weights, float64, to 1e-12), with accumulation and with ZeRO-1 too; ZeRO-1 keeps half the
 optimiser state per rank; a 2-rank run resumed by one process repeats a one-process run; a
-failing rank ends the job with its error instead of hanging.
+failing rank ends the job with its error instead of hanging. On the CuPy stand-in with two
+pretended GPUs, NCCL's path (and its host fallbacks) take the same steps, NCCL's without a
+device-to-host copy; real NCCL needs several GPUs and is not run here.
 
 Run as a script, this file is the ranks' side: ``mpirun -n 2 python test_ddp.py CASE OUT``.
 """
@@ -19,6 +21,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+FAKE_CUPY = ROOT / "tests" / "support" / "fake_cupy.py"
 TIMEOUT_S = 120  # far above a normal run's few seconds: only a hang gets near it
 B, K = 4, 2  # rows per rank and micro-batches per step in the step cases
 
@@ -124,9 +127,71 @@ def _fail_case(out: Path) -> None:
         dist.comm.Barrier()  # never completed: rank 1 does not come
 
 
+def _count_transfers(cupy, dist, method: str, counts: list[int]) -> None:
+    """Make ``dist.method`` append the device-to-host transfers of each call to ``counts``."""
+    call = getattr(dist, method)
+
+    def counted(*args):
+        before = cupy.device_to_host
+        value = call(*args)
+        counts.append(cupy.device_to_host - before)
+        return value
+
+    setattr(dist, method, counted)
+
+
+def _nccl_case(out: Path) -> None:
+    """On the CuPy stand-in, with two pretended GPUs: three steps with NCCL (ZeRO-1 and not),
+    and ZeRO-1 with the host fallbacks (NCCL missing; both ranks on one GPU). Rank 0 saves
+    the gradients, weights, losses, and the device-to-host transfers the collectives made."""
+    spec = importlib.util.spec_from_file_location("cupy", FAKE_CUPY)
+    cupy = sys.modules["cupy"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cupy)
+    sys.modules.update(cupy.MODULES)
+    cupy.cuda.runtime.getDeviceCount = lambda: 2
+    from decoder.config import TrainConfig
+    from decoder.dist import DataParallel
+    from decoder.step import train_step
+
+    dist = DataParallel.from_mpi()  # rank r takes GPU r
+    cupy.cuda.nccl.mpi_comm = dist.comm
+    results = {"devices": np.array(dist.comm.allgather(cupy.cuda.runtime.getDevice()))}
+    rng = np.random.default_rng(1)
+    batches = [rng.integers(0, 11, size=(2, 2 * B, 8)) for _ in range(3)]  # (x|y, 2B, T)
+    for name in ("nccl", "nccl_unsharded", "no_nccl", "one_gpu"):
+        cupy.cuda.nccl.available = name != "no_nccl"
+        cupy.cuda.Device(0 if name == "one_gpu" else dist.rank).use()
+        model, optimizer = _model_and_optimizer()
+        model.to("cuda")
+        variant = DataParallel(dist.comm, zero=name != "nccl_unsharded")
+        transfers: list[int] = []
+        for method in ("average_gradients", "step"):
+            _count_transfers(cupy, variant, method, transfers)
+        cfg = TrainConfig(grad_accum_steps=K, grad_clip=0.05, dtype="float64")
+        losses = [
+            train_step(model, optimizer, x[dist.rows(B)], y[dist.rows(B)], cfg, i + 1, variant)
+            for i, (x, y) in enumerate(batches)
+        ]
+        results[f"{name}.losses"] = np.array(losses)
+        results[f"{name}.transfers"] = np.array(transfers)
+        for pname, p in model.named_parameters():
+            results[f"{name}.grad.{pname}"] = p.grad.get()
+            results[f"{name}.data.{pname}"] = p.data.get()
+    model, optimizer = _model_and_optimizer()  # one process, 2B rows, on the host
+    cfg = TrainConfig(grad_accum_steps=K, grad_clip=0.05, dtype="float64")
+    results["one.losses"] = np.array(
+        [train_step(model, optimizer, x, y, cfg, i + 1) for i, (x, y) in enumerate(batches)]
+    )
+    for pname, p in model.named_parameters():
+        results[f"one.grad.{pname}"] = p.grad
+        results[f"one.data.{pname}"] = p.data
+    if dist.is_main:
+        np.savez(out / "nccl.npz", **results)
+
+
 if __name__ == "__main__":
     case, out = sys.argv[1], Path(sys.argv[2])
-    {"steps": _steps_case, "fail": _fail_case}[case](out)
+    {"steps": _steps_case, "fail": _fail_case, "nccl": _nccl_case}[case](out)
 
 
 # ---- the tests ----------------------------------------------------------------------------------
@@ -174,6 +239,27 @@ def test_zero_keeps_half_the_optimiser_state_per_rank_and_gathers_it_whole(steps
 @needs_mpi
 def test_a_flag_raised_on_one_rank_is_seen_on_every_rank(steps):
     assert steps["any"].tolist() == [True, False]
+
+
+@needs_mpi
+def test_nccl_on_two_pretended_gpus_takes_the_steps_of_one_process_without_host_copies(tmp_path):
+    """What runs here: decoder.dist's NCCL path on the CuPy stand-in, whose NCCL sums through
+    MPI. What does not: real NCCL on two real GPUs (this machine has none)."""
+    done = launch([__file__, "nccl", str(tmp_path)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    with np.load(tmp_path / "nccl.npz") as f:
+        got = dict(f)
+    assert got["devices"].tolist() == [0, 1]  # one GPU per rank
+    for name in ("nccl", "nccl_unsharded", "no_nccl", "one_gpu"):
+        np.testing.assert_allclose(got[f"{name}.losses"], got["one.losses"], rtol=1e-12)
+        _compare(got, name, "grad")
+        _compare(got, name, "data")
+    assert got["nccl.transfers"].tolist() == [0] * 6  # 3 x (gradients, ZeRO step): none
+    assert got["nccl_unsharded.transfers"].tolist() == [0] * 6
+    assert got["no_nccl.transfers"].min() > 0  # through the host: the count can see them
+    assert got["one_gpu.transfers"].min() > 0
+    assert "NCCL is not available to CuPy" in done.stderr
+    assert "ranks share a GPU, which NCCL refuses" in done.stderr
 
 
 @needs_mpi

@@ -22,6 +22,10 @@ Where it matters, it behaves as CuPy does (``cupy/_core/core.pyx``):
   at every step.
 - ``RawModule`` and ``RawKernel`` run the CUDA sources on the CPU through
   ``minigrad.kernels.emulator``, and ``cuda.Device()`` is the GPU that it pretends to be.
+- ``cuda.nccl`` (also ``cupy.cuda.nccl`` in ``sys.modules``) runs NCCL's ``allReduce`` and
+  ``allGather`` on the memory behind device pointers (``x.data.ptr``), through the mpi4py
+  communicator a test hands it in ``cuda.nccl.mpi_comm``: no device-to-host transfer counted,
+  as none happens on GPUs. Like NCCL, it refuses two ranks on one GPU.
 
 Left out on purpose: streams, memory pools, and every CuPy function the project does not
 call (asking for one raises AttributeError naming it: add it here if CuPy has it).
@@ -29,6 +33,7 @@ call (asking for one raises AttributeError naming it: add it here if CuPy has it
 
 from __future__ import annotations
 
+import ctypes
 import math
 import operator
 import types
@@ -164,6 +169,7 @@ class ndarray:  # noqa: N801 (CuPy's name)
     nbytes = property(lambda self: self._a.nbytes)
     strides = property(lambda self: self._a.strides)
     flags = property(lambda self: self._a.flags)
+    data = property(lambda self: types.SimpleNamespace(ptr=self._a.ctypes.data))  # the pointer
     T = property(lambda self: ndarray._of(self._a.T))
 
     def __len__(self) -> int:
@@ -336,10 +342,64 @@ class _Device:
     def synchronize(self) -> None:
         pass
 
+    def use(self) -> None:
+        global _current_device
+        _current_device = self.id
+
+
+_current_device = 0  # cupy.cuda.runtime.getDevice(), set by Device(i).use()
+
+
+# ---- cupy.cuda.nccl: the collectives through an MPI communicator --------------------------------
+_NCCL_DTYPES = {6: np.float16, 7: np.float32, 8: np.float64}  # ncclFloat16, 32, 64
+
+
+def _at(ptr: int, count: int, datatype: int) -> np.ndarray:
+    """The ``count`` elements of NCCL type ``datatype`` at device pointer ``ptr``, writable."""
+    dtype = np.dtype(_NCCL_DTYPES[datatype])
+    memory = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr)
+    return np.frombuffer(memory, dtype=dtype)
+
+
+class _NcclCommunicator:
+    """cupy.cuda.nccl.NcclCommunicator(ndev, commId, rank), over ``cupy.cuda.nccl.mpi_comm``."""
+
+    def __init__(self, ndev: int, commId: bytes, rank: int) -> None:  # noqa: N803 (CuPy's)
+        comm = _nccl.mpi_comm
+        if comm is None:
+            raise RuntimeError("the NCCL stand-in needs cupy.cuda.nccl.mpi_comm set by the test")
+        if not (isinstance(commId, bytes) and len(commId) == 128):
+            raise TypeError("commId must be the 128 bytes that nccl.get_unique_id() returns")
+        if (ndev, rank) != (comm.Get_size(), comm.Get_rank()):
+            raise ValueError(f"rank {rank} of {ndev} is not the MPI communicator's")
+        gpus = comm.allgather(_current_device)
+        if len(set(gpus)) < len(gpus):
+            raise RuntimeError(f"NCCL error: Duplicate GPU detected (devices {gpus})")
+        self._comm = comm
+
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream) -> None:  # noqa: N802
+        if op != _nccl.NCCL_SUM:
+            raise NotImplementedError("the NCCL stand-in sums only; add the other ops if needed")
+        send = _at(sendbuf, count, datatype).copy()  # the buffers may be the same (in place)
+        self._comm.Allreduce(send, _at(recvbuf, count, datatype))
+
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream) -> None:  # noqa: N802
+        send = _at(sendbuf, count, datatype).copy()
+        self._comm.Allgather(send, _at(recvbuf, count * self._comm.Get_size(), datatype))
+
+
+_nccl = types.ModuleType("cupy.cuda.nccl")
+_nccl.available = True
+_nccl.mpi_comm = None  # the mpi4py communicator the collectives go through, set by the test
+_nccl.NCCL_FLOAT16, _nccl.NCCL_FLOAT32, _nccl.NCCL_FLOAT64, _nccl.NCCL_SUM = 6, 7, 8, 0
+_nccl.NcclCommunicator = _NcclCommunicator
+_nccl.get_unique_id = lambda: bytes(range(128))
 
 cuda = types.SimpleNamespace(
-    runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
+    runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: _current_device),
     Device=_Device,
+    get_current_stream=lambda: types.SimpleNamespace(ptr=0),  # the null stream
+    nccl=_nccl,
 )
 
 
@@ -393,4 +453,9 @@ _scipy.special = _special
 _cupyx = types.ModuleType("cupyx")
 _cupyx.scipy, _cupyx.scatter_add = _scipy, _scatter_add
 # what the fixture puts in sys.modules beside this module itself
-MODULES = {"cupyx": _cupyx, "cupyx.scipy": _scipy, "cupyx.scipy.special": _special}
+MODULES = {
+    "cupyx": _cupyx,
+    "cupyx.scipy": _scipy,
+    "cupyx.scipy.special": _special,
+    "cupy.cuda.nccl": _nccl,
+}

@@ -10,8 +10,11 @@
 // Shapes (row-major, contiguous): q, o, dq, grad_o (B, nh, T, hs); k, v, dk, dv
 // (B, n_kv, S, hs); lse, D (B, nh, T). Query head h reads kv head h / (nh / n_kv)
 // (grouped-query attention), S >= T, and the causal mask is aligned to the end as with a KV
-// cache: query i sees keys j <= (S - T) + i. ALiBi adds -slopes[h] * |(S - T + i) - j| to
-// the scaled scores; slopes may be a null pointer.
+// cache: query i sees keys j <= (S - T) + i. A sliding window W > 0 (Mistral; causal only)
+// hides the older keys too: query i then sees (S - T) + i - W < j, W keys at most, itself
+// included, and key tiles wholly outside that band are skipped, so the cost is O(T * W);
+// window = 0 means none. ALiBi adds -slopes[h] * |(S - T + i) - j| to the scaled scores;
+// slopes may be a null pointer.
 //
 // Leaves out on purpose, for readability: tensor cores (mma / wgmma), vector (float4) loads,
 // asynchronous copies and double buffering, half precision, dropout. Every product is scalar
@@ -89,12 +92,21 @@ __device__ __forceinline__ float dot_rows(const float* a, const float* b, int hs
 }
 
 // Scaled score of query i (0-based among the T queries) and key j, with the ALiBi bias and
-// the masks applied: keys past S, queries past T and, if causal, keys after the query.
+// the masks applied: keys past S, queries past T, if causal keys after the query and, with
+// a window W > 0, keys W or more positions before it.
 __device__ __forceinline__ float masked_score(float dot, int i, int j, int T, int S, float scale,
-                                              float slope, int causal) {
+                                              float slope, int causal, int window) {
     const int i_abs = S - T + i;  // the query's position among the keys
-    const bool visible = i < T && j < S && (!causal || j <= i_abs);
+    const bool visible = i < T && j < S && (!causal || j <= i_abs) &&
+                         (window == 0 || j > i_abs - window);
     return visible ? dot * scale - slope * fabsf((float)(i_abs - j)) : NEG_INF;
+}
+
+// The first key tile that any query of the tile starting at q0 sees: 0 without a window;
+// with one, the tile holding key (S - T) + q0 - W + 1, the oldest key its first query sees.
+// Earlier tiles lie wholly behind the band and are skipped (as the twin's k_start).
+__device__ __forceinline__ int first_key_tile(int q0, int T, int S, int window) {
+    return window == 0 ? 0 : max(0, S - T + q0 - window + 1) / BC * BC;
 }
 
 // Forward. Block (x, y) owns query tile x of the (batch, head) pair y = b * nh + h.
@@ -108,7 +120,7 @@ extern "C" __global__ void flash_attn_fwd(const float* __restrict__ q,
                                           const float* __restrict__ v,
                                           const float* __restrict__ slopes, float* __restrict__ o,
                                           float* __restrict__ lse, int nh, int n_kv, int T, int S,
-                                          int hs, float scale, int causal) {
+                                          int hs, float scale, int causal, int window) {
     // Causal tiles near the end of the sequence see the most keys: start them first so the
     // short ones fill the gaps at the end of the launch.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;
@@ -136,10 +148,11 @@ extern "C" __global__ void flash_attn_fwd(const float* __restrict__ q,
     float m = NEG_INF;  // running max of this row's scores
     float l = 0.0f;     // running sum of exp(score - m)
 
-    // Causal: the last query of the tile sees keys up to S - T + q_last; later tiles are skipped.
+    // Causal: the last query of the tile sees keys up to S - T + q_last; later tiles are skipped,
+    // and with a window so are those before the band of its first query.
     const int q_last = min(q0 + BR, T) - 1;
     const int k_end = causal ? min(S, S - T + q_last + 1) : S;
-    for (int k0 = 0; k0 < k_end; k0 += BC) {
+    for (int k0 = first_key_tile(q0, T, S, window); k0 < k_end; k0 += BC) {
         __syncthreads();  // every thread is done with the previous sK, sV, sP (and sQ is in)
         load_tile(sK, k_kv, k0, S, hs, ld);
         load_tile(sV, v_kv, k0, S, hs, ld);
@@ -152,7 +165,7 @@ extern "C" __global__ void flash_attn_fwd(const float* __restrict__ q,
         for (int t = 0; t < CPT; ++t) {
             const int c = lane + TPR * t;
             const float dot = dot_rows(sQ + r * ld, sK + c * ld, hs);
-            s[t] = masked_score(dot, i, k0 + c, T, S, scale, slope, causal);
+            s[t] = masked_score(dot, i, k0 + c, T, S, scale, slope, causal, window);
             m_tile = fmaxf(m_tile, s[t]);
         }
         // 2. Online softmax. alpha re-bases the old sum and accumulator on the new max.
@@ -227,7 +240,8 @@ extern "C" __global__ void flash_attn_bwd_dkdv(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ slopes, const float* __restrict__ grad_o,
     const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dk,
-    float* __restrict__ dv, int nh, int n_kv, int T, int S, int hs, float scale, int causal) {
+    float* __restrict__ dv, int nh, int n_kv, int T, int S, int hs, float scale, int causal,
+    int window) {
     const int k0 = blockIdx.x * BC;
     const int kv = blockIdx.y;  // b * n_kv + kv_head
     const int b = kv / n_kv;
@@ -254,11 +268,15 @@ extern "C" __global__ void flash_attn_bwd_dkdv(
     for (int t = 0; t < DPT; ++t) dk_acc[t] = dv_acc[t] = 0.0f;
 
     // Causal: query i sees key k0 only if i >= k0 - (S - T); earlier query tiles are skipped.
+    // Window: the tile's last key, k1 - 1, is seen by queries up to absolute position
+    // k1 + W - 2 only; later query tiles are skipped (as the twin's q_end).
     const int q_begin = causal ? max(0, k0 - (S - T)) / BR * BR : 0;
+    const int k1 = min(k0 + BC, S);
+    const int q_end = window == 0 ? T : max(0, min(T, k1 + window - 1 - (S - T)));
     for (int h = h_first; h < h_first + group; ++h) {
         const long long bh = (long long)b * nh + h;
         const float slope = slopes ? slopes[h] : 0.0f;
-        for (int q0 = q_begin; q0 < T; q0 += BR) {
+        for (int q0 = q_begin; q0 < q_end; q0 += BR) {
             __syncthreads();  // every thread is done with the previous sQ, sdO, sPt, sdSt
             load_tile(sQ, q + bh * T * hs, q0, T, hs, ld);
             load_tile(sdO, grad_o + bh * T * hs, q0, T, hs, ld);
@@ -276,7 +294,7 @@ extern "C" __global__ void flash_attn_bwd_dkdv(
             for (int t = 0; t < BR / TPR; ++t) {
                 const int r = lane + TPR * t;
                 const float dot = dot_rows(sQ + r * ld, sK + c * ld, hs);
-                const float s = masked_score(dot, q0 + r, j, T, S, scale, slope, causal);
+                const float s = masked_score(dot, q0 + r, j, T, S, scale, slope, causal, window);
                 const float p = expf(s - sLse[r]);  // masked: exp(-inf) = 0
                 const float dp = dot_rows(sdO + r * ld, sV + c * ld, hs);
                 sPt[c * (BR + 1) + r] = p;
@@ -324,7 +342,7 @@ extern "C" __global__ void flash_attn_bwd_dq(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ slopes, const float* __restrict__ grad_o,
     const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dq, int nh,
-    int n_kv, int T, int S, int hs, float scale, int causal) {
+    int n_kv, int T, int S, int hs, float scale, int causal, int window) {
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;  // heaviest causal tiles first
     const int bh = blockIdx.y;
     const int h = bh % nh;
@@ -355,7 +373,7 @@ extern "C" __global__ void flash_attn_bwd_dq(
 
     const int q_last = min(q0 + BR, T) - 1;
     const int k_end = causal ? min(S, S - T + q_last + 1) : S;
-    for (int k0 = 0; k0 < k_end; k0 += BC) {
+    for (int k0 = first_key_tile(q0, T, S, window); k0 < k_end; k0 += BC) {
         __syncthreads();  // every thread is done with the previous sK, sV, sdS
         load_tile(sK, k_kv, k0, S, hs, ld);
         load_tile(sV, v_kv, k0, S, hs, ld);
@@ -366,8 +384,8 @@ extern "C" __global__ void flash_attn_bwd_dq(
         for (int t = 0; t < CPT; ++t) {
             const int c = lane + TPR * t;
             const float dot = dot_rows(sQ + r * ld, sK + c * ld, hs);
-            const float p = expf(masked_score(dot, i, k0 + c, T, S, scale, slope, causal) -
-                                 lse_safe);
+            const float p =
+                expf(masked_score(dot, i, k0 + c, T, S, scale, slope, causal, window) - lse_safe);
             const float dp = dot_rows(sdO + r * ld, sV + c * ld, hs);
             sdS[r * (BC + 1) + c] = p * (dp - row_D);
         }

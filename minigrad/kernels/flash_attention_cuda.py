@@ -21,6 +21,7 @@ Follows CuPy's RawModule / RawKernel interface (see CuPy's `examples/gemm`).
 from __future__ import annotations
 
 import math
+import numbers
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -173,13 +174,31 @@ def _slopes(alibi_slopes: Array | None, nh: int, xp: ModuleType) -> Array:
     return slopes
 
 
-def _scalars(q: Array, k: Array, causal: bool, scale: float | None) -> tuple:
-    """The kernels' trailing int/float arguments: nh, n_kv, T, S, hs, scale, causal."""
+def _window(window: int | None, causal: bool, S: int) -> np.int32:
+    """The kernels' window argument: W, or 0 for none. A window of S or more hides no key
+    that causal does not, so it is passed as 0 too (which also keeps S - T + q0 - W and
+    k1 + W in int32). Raises ValueError for a window that is not a whole number >= 1 or
+    comes without causal.
+
+    >>> int(_window(None, True, 100)), int(_window(5, True, 100)), int(_window(500, True, 100))
+    (0, 5, 0)
+    """
+    if window is None:
+        return np.int32(0)
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ValueError(f"window must be None or a whole number >= 1; got {window!r}")
+    if not causal:
+        raise ValueError(f"window={window} is a causal band: pass causal=True with it")
+    return np.int32(window if window < S else 0)
+
+
+def _scalars(q: Array, k: Array, causal: bool, scale: float | None, window: int | None) -> tuple:
+    """The kernels' trailing int/float arguments: nh, n_kv, T, S, hs, scale, causal, window."""
     B, nh, T, hs = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(hs) if scale is None else scale
     ints = (np.int32(nh), np.int32(n_kv), np.int32(T), np.int32(S), np.int32(hs))
-    return (*ints, np.float32(scale), np.int32(bool(causal)))
+    return (*ints, np.float32(scale), np.int32(bool(causal)), _window(window, causal, S))
 
 
 def flash_attention_forward_cuda(
@@ -189,13 +208,16 @@ def flash_attention_forward_cuda(
     causal: bool = True,
     alibi_slopes: Array | None = None,
     scale: float | None = None,
+    window: int | None = None,
 ) -> tuple[Array, Array]:
     """Attention output o (B, nh, T, hs) and row logsumexp lse (B, nh, T) on the GPU.
 
     q (B, nh, T, hs), k and v (B, n_kv, S, hs), float32 cupy arrays (copied if not
     contiguous); nh % n_kv == 0, 1 <= T <= S, 16 <= hs <= 128. Refuses other dtypes, shapes
-    and sizes with a ValueError/TypeError that says why. scale defaults to 1/sqrt(hs).
-    NumPy arrays run the same kernels in the emulator.
+    and sizes with a ValueError/TypeError that says why. scale defaults to 1/sqrt(hs). A
+    sliding `window` W (causal only) lets query i see keys (S - T) + i - W < j <= (S - T) + i,
+    and the key tiles outside that band are never loaded. NumPy arrays run the same kernels
+    in the emulator.
     """
     xp = xp_of(q)
     q, k, v = _check_qkv(q, k, v)
@@ -203,7 +225,7 @@ def flash_attention_forward_cuda(
     slopes = _slopes(alibi_slopes, nh, xp)
     o = xp.empty_like(q)
     lse = xp.empty((B, nh, T), dtype=xp.float32)
-    args = (q, k, v, slopes, o, lse, *_scalars(q, k, causal, scale))
+    args = (q, k, v, slopes, o, lse, *_scalars(q, k, causal, scale, window))
     _launch("flash_attn_fwd", T, B * nh, args, hs)  # blocks: (query tiles, b * nh + h)
     return o, lse
 
@@ -218,6 +240,7 @@ def flash_attention_backward_cuda(
     causal: bool = True,
     alibi_slopes: Array | None = None,
     scale: float | None = None,
+    window: int | None = None,
 ) -> tuple[Array, Array, Array]:
     """Gradients dq (B, nh, T, hs), dk and dv (B, n_kv, S, hs) on the GPU.
 
@@ -238,7 +261,7 @@ def flash_attention_backward_cuda(
             f"got {o.shape}, {grad_o.shape}, {lse.shape}"
         )
     slopes = _slopes(alibi_slopes, nh, xp)
-    scalars = _scalars(q, k, causal, scale)
+    scalars = _scalars(q, k, causal, scale, window)
 
     D = xp.empty((B, nh, T), dtype=xp.float32)
     rows = B * nh * T

@@ -44,8 +44,9 @@ TOL = {np.float32: 1e-5, np.float64: 1e-10}
 # The reference: the whole (T, S) score matrix, built the obvious way.
 
 
-def _scores(q, k, causal, alibi_slopes, scale):
-    """Scaled, biased, masked scores (B, nh, T, S) with K repeated over each group."""
+def _scores(q, k, causal, alibi_slopes, scale, window=None):
+    """Scaled, biased, masked scores (B, nh, T, S) with K repeated over each group; a
+    `window` W also hides the keys j <= i_abs - W (the band i_abs - W < j <= i_abs)."""
     B, nh, T, hs = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(hs) if scale is None else scale
@@ -57,12 +58,14 @@ def _scores(q, k, causal, alibi_slopes, scale):
         s = s - alibi_slopes[:, None, None] * np.abs(i_abs[:, None] - j)  # (nh, T, S) bias
     if causal:
         s = np.where(j > i_abs[:, None], -np.inf, s)
+    if window is not None:
+        s = np.where(j <= i_abs[:, None] - window, -np.inf, s)
     return s
 
 
-def attention_reference(q, k, v, causal=True, alibi_slopes=None, scale=None):
+def attention_reference(q, k, v, causal=True, alibi_slopes=None, scale=None, window=None):
     """Full-matrix attention: o (B, nh, T, hs) and the row logsumexp lse (B, nh, T)."""
-    s = _scores(q, k, causal, alibi_slopes, scale)
+    s = _scores(q, k, causal, alibi_slopes, scale, window)
     m = s.max(axis=-1, keepdims=True)  # (B, nh, T, 1)
     e = np.exp(s - m)
     l = e.sum(axis=-1, keepdims=True)  # (B, nh, T, 1)
@@ -70,7 +73,9 @@ def attention_reference(q, k, v, causal=True, alibi_slopes=None, scale=None):
     return (e / l) @ v_rep, (m + np.log(l))[..., 0]
 
 
-def attention_reference_backward(q, k, v, grad_o, causal=True, alibi_slopes=None, scale=None):
+def attention_reference_backward(
+    q, k, v, grad_o, causal=True, alibi_slopes=None, scale=None, window=None
+):
     """dq, dk, dv of the full-matrix attention, by the textbook softmax Jacobian.
 
     dP = dO V^T;  dS = P * (dP - rowsum(P * dP));  dQ = scale dS K;  dK = scale dS^T Q;
@@ -81,7 +86,7 @@ def attention_reference_backward(q, k, v, grad_o, causal=True, alibi_slopes=None
     n_kv, S = k.shape[1], k.shape[2]
     group = nh // n_kv
     scale = 1.0 / math.sqrt(hs) if scale is None else scale
-    s = _scores(q, k, causal, alibi_slopes, scale)
+    s = _scores(q, k, causal, alibi_slopes, scale, window)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)  # (B, nh, T, S)
     k_rep, v_rep = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (B, nh, S, hs)
@@ -140,17 +145,17 @@ def case_id(case) -> str:
     return f"B{B}-nh{nh}-kv{n_kv}-T{T}-S{S}-hs{hs}" + ("-alibi" if alibi else "")
 
 
-def twin_outputs(q, k, v, grad_o, causal, slopes) -> dict:
+def twin_outputs(q, k, v, grad_o, causal, slopes, window=None) -> dict:
     """o, lse, dq, dk, dv of the twin with its default tiles."""
-    o, lse = flash_attention_forward(q, k, v, causal, slopes)
-    dq, dk, dv = flash_attention_backward(q, k, v, o, lse, grad_o, causal, slopes)
+    o, lse = flash_attention_forward(q, k, v, causal, slopes, window=window)
+    dq, dk, dv = flash_attention_backward(q, k, v, o, lse, grad_o, causal, slopes, window=window)
     return {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
-def reference_outputs(q, k, v, grad_o, causal, slopes) -> dict:
+def reference_outputs(q, k, v, grad_o, causal, slopes, window=None) -> dict:
     """o, lse, dq, dk, dv of the full-matrix reference."""
-    o, lse = attention_reference(q, k, v, causal, slopes)
-    dq, dk, dv = attention_reference_backward(q, k, v, grad_o, causal, slopes)
+    o, lse = attention_reference(q, k, v, causal, slopes, window=window)
+    dq, dk, dv = attention_reference_backward(q, k, v, grad_o, causal, slopes, window=window)
     return {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
@@ -361,12 +366,19 @@ GPU_CASES = [
     (1, 2, 2, 4096, 4096, 128, False),
 ]
 GPU_TOL = 2e-4  # float32 sums in a different order than the float64 twin
+# (case, window): a window of one key, windows shorter and longer than a 32-row tile, and
+# one at long T where the skipped tiles are most of the work; S = T and S > T, ALiBi on and off.
+GPU_WINDOW_CASES = [
+    ((1, 4, 2, 7, 40, 64, True), 1),
+    ((2, 2, 1, 100, 100, 16, False), 5),
+    ((1, 4, 1, 129, 200, 128, True), 33),
+    ((1, 8, 2, 300, 300, 80, False), 16),
+    ((1, 2, 1, 4096, 4096, 64, True), 256),
+]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
-def test_cuda_kernel_matches_twin_and_reference(case, causal):
+def check_cuda_kernel(case, causal, window=None):
+    """The kernel on the GPU against the float64 twin and, up to T = 300, the reference."""
     cupy = _cupy_with_gpu()
     from minigrad.kernels.flash_attention_cuda import (
         flash_attention_backward_cuda,
@@ -376,19 +388,36 @@ def test_cuda_kernel_matches_twin_and_reference(case, causal):
     q, k, v, grad_o, slopes = make_inputs(*case[:6], np.float32, case[6], seed=3)
     dev = [cupy.asarray(a) for a in (q, k, v, grad_o)]
     dev_slopes = None if slopes is None else cupy.asarray(slopes, dtype=cupy.float32)
-    o, lse = flash_attention_forward_cuda(*dev[:3], causal, dev_slopes)
-    dq, dk, dv = flash_attention_backward_cuda(*dev[:3], o, lse, dev[3], causal, dev_slopes)
+    o, lse = flash_attention_forward_cuda(*dev[:3], causal, dev_slopes, window=window)
+    dq, dk, dv = flash_attention_backward_cuda(
+        *dev[:3], o, lse, dev[3], causal, dev_slopes, window=window
+    )
     got = {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
     # The twin in float64 on the same float32 inputs is the yardstick at every size; the
     # full-matrix reference joins it where its (T, S) matrices are small.
     inputs64 = (*as64(q, k, v, grad_o), causal, slopes)
-    yardsticks = {"twin": twin_outputs(*inputs64)}
+    yardsticks = {"twin": twin_outputs(*inputs64, window=window)}
     if case[3] <= 300:
-        yardsticks["reference"] = reference_outputs(*inputs64)
+        yardsticks["reference"] = reference_outputs(*inputs64, window=window)
     for label, want in yardsticks.items():
         for name, x in got.items():
             assert_close(f"{name} (kernel vs {label})", cupy.asnumpy(x), want[name], GPU_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
+def test_cuda_kernel_matches_twin_and_reference(case, causal):
+    check_cuda_kernel(case, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case, window", GPU_WINDOW_CASES, ids=[f"{case_id(c)}-W{w}" for c, w in GPU_WINDOW_CASES]
+)
+def test_cuda_kernel_with_a_sliding_window_matches_twin_and_reference(case, window):
+    check_cuda_kernel(case, True, window)
 
 
 # The launcher's own behaviour, on the GPU and, with NumPy arrays, in the CPU emulator.
@@ -424,6 +453,25 @@ def test_cuda_kernel_is_deterministic_and_copies_strided_inputs(runtime):
     for a, b in zip(first, second, strict=True):  # no atomics: bitwise equal run to run
         assert bool((a == b).all())
     assert_close("o", to_host(o), attention_reference(*as64(q, k, v))[0], GPU_TOL)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize(
+    "window, causal, match",
+    [
+        (0, True, "whole number >= 1"),
+        (2.5, True, "whole number"),
+        (True, True, "whole number"),
+        (4, False, "causal=True"),
+    ],
+)
+def test_cuda_wrapper_refuses_a_bad_window(window, causal, match, runtime):
+    xp = _array_library(runtime)
+    from minigrad.kernels.flash_attention_cuda import flash_attention_forward_cuda
+
+    q = xp.zeros((1, 2, 8, 32), dtype=xp.float32)
+    with pytest.raises(ValueError, match=match):
+        flash_attention_forward_cuda(q, q, q, causal, window=window)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

@@ -3,9 +3,10 @@
 Holds: every kernel, forward and backward, through the same launcher a GPU uses
 (`flash_attention_cuda.py`), against the NumPy twin and the full-matrix reference, over a
 covering subset of the grid T in {1, 7, 32, 33, 100, 257}, S = T and S > T, GQA 1, 2, 4,
-head sizes 16, 32, 64, 80, 128, causal and not, ALiBi on and off, batch 1 and 2; the tile and
-shared-memory plan on an emulated sm_75, sm_80 and sm_90, and the refusal where nothing fits;
-and one ThreadSanitizer build on a small case.
+head sizes 16, 32, 64, 80, 128, causal and not, ALiBi on and off, batch 1 and 2; sliding
+windows W in {1, 5, 16, 33}, and that NaN planted where the window lets the kernels skip a
+tile reaches no output; the tile and shared-memory plan on an emulated sm_75, sm_80 and
+sm_90, and the refusal where nothing fits; and one ThreadSanitizer build on a small case.
 
 Leaves out timing (the emulator checks the algorithm, not the speed) and the full product of
 the grid (hours at emulated speed): each value of every axis appears, most next to a
@@ -65,26 +66,44 @@ CASES = [
 ]
 
 
-def run_kernels(q, k, v, grad_o, causal, slopes) -> dict:
+# (case, window): W in {1, 5, 16, 33} (one key, and shorter than, half of and longer than a
+# 32-row tile), each T of {7, 33, 100} with S = T and S > T, GQA 1 and 2, ALiBi on and off.
+# At T = 100 most key tiles lie outside the band and are skipped, forward and backward.
+WINDOW_CASES = [
+    ((1, 2, 1, 7, 7, 16, True), 5),
+    ((1, 2, 2, 7, 40, 32, False), 1),
+    ((1, 2, 1, 33, 33, 64, False), 16),
+    ((1, 4, 2, 33, 50, 16, True), 33),
+    ((1, 2, 1, 100, 100, 16, True), 33),
+    ((1, 4, 2, 100, 130, 32, False), 5),
+    ((2, 2, 1, 100, 100, 64, False), 1),
+    ((1, 2, 1, 33, 33, 16, False), 33),  # W = S hides nothing: the launcher passes 0
+]
+
+
+def run_kernels(q, k, v, grad_o, causal, slopes, window=None) -> dict:
     """o, lse, dq, dk, dv from the emulated kernels, launched by the GPU launcher."""
     s32 = None if slopes is None else slopes.astype(np.float32)
-    o, lse = flash_attention_forward_cuda(q, k, v, causal, s32)
-    dq, dk, dv = flash_attention_backward_cuda(q, k, v, o, lse, grad_o, causal, s32)
+    o, lse = flash_attention_forward_cuda(q, k, v, causal, s32, window=window)
+    dq, dk, dv = flash_attention_backward_cuda(q, k, v, o, lse, grad_o, causal, s32, window=window)
     return {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
-def check_against_twin_and_reference(case, causal, seed=3):
+def check_against_twin_and_reference(case, causal, seed=3, window=None):
     q, k, v, grad_o, slopes = make_inputs(*case[:6], np.float32, case[6], seed=seed)
-    got = run_kernels(q, k, v, grad_o, causal, slopes)
+    got = run_kernels(q, k, v, grad_o, causal, slopes, window)
     inputs64 = (*as64(q, k, v, grad_o), causal, slopes)
     for label, want in (
-        ("twin", twin_outputs(*inputs64)),
-        ("reference", reference_outputs(*inputs64)),
+        ("twin", twin_outputs(*inputs64, window=window)),
+        ("reference", reference_outputs(*inputs64, window=window)),
     ):
         for name, x in got.items():
             assert x.dtype == np.float32, f"{name} is {x.dtype}"
             assert_close(
-                f"{name} (emulated kernel vs {label}, {case_id(case)})", x, want[name], TOL
+                f"{name} (emulated kernel vs {label}, {case_id(case)}, window={window})",
+                x,
+                want[name],
+                TOL,
             )
 
 
@@ -92,6 +111,44 @@ def check_against_twin_and_reference(case, causal, seed=3):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_emulated_kernels_match_twin_and_reference(case, causal):
     check_against_twin_and_reference(case, causal)
+
+
+@pytest.mark.parametrize(
+    "case, window", WINDOW_CASES, ids=[f"{case_id(c)}-W{w}" for c, w in WINDOW_CASES]
+)
+def test_emulated_kernels_with_a_sliding_window_match_twin_and_reference(case, window):
+    check_against_twin_and_reference(case, True, window=window)
+
+
+@pytest.mark.parametrize(
+    "T, S, poisoned",
+    [
+        # 40 queries after 90 keys, W = 5: every query sees keys 86 .. 129 only, so the key
+        # tiles 0 .. 31 and 32 .. 63 are never needed. NaN in their K and V rows reaches o and
+        # dQ (0 * NaN) unless those tiles are skipped, and dK unless their dK/dV blocks skip
+        # every query tile.
+        (40, 130, ("k", "v")),
+        # T = S = 100, W = 5: queries 96 .. 99 see keys 92 .. 99 only, so the blocks of key
+        # tiles 0 .. 31 and 32 .. 63 must skip query tile 96 .. 99, whose NaN would reach dK.
+        (100, 100, ("q", "grad_o")),
+    ],
+    ids=["old-keys", "late-queries"],
+)
+def test_emulated_kernels_skip_the_tiles_outside_the_window(T, S, poisoned):
+    q, k, v, grad_o, _ = make_inputs(1, 2, 1, T, S, 16, np.float32, False, seed=6)
+    # The rows above are whole tiles at the 32-row tiles hs = 16 gets on the emulated device.
+    assert launch_plan("flash_attn_bwd_dkdv", 16, emulator.current_device().attributes)[0] == 32
+    clean = run_kernels(q, k, v, grad_o, True, None, window=5)
+    arrays = {"q": q.copy(), "k": k.copy(), "v": v.copy(), "grad_o": grad_o.copy()}
+    rows = slice(0, 64) if "k" in poisoned else slice(96, 100)
+    for name in poisoned:
+        arrays[name][:, :, rows] = np.nan
+    got = run_kernels(arrays["q"], arrays["k"], arrays["v"], arrays["grad_o"], True, None, 5)
+    for name in ("dk", "dv"):  # keys 0 .. 63: exactly the clean gradients (zero if unseen)
+        assert np.array_equal(got[name][:, :, :64], clean[name][:, :, :64]), f"NaN in {name}"
+    if "k" in poisoned:  # only unseen K and V rows poisoned: nothing else may change either
+        for name, x in got.items():
+            assert np.array_equal(x, clean[name]), f"{name} changed with NaN outside the band"
 
 
 # ---------------------------------------------------------------------------------------------

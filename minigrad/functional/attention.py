@@ -89,7 +89,7 @@ def scaled_dot_product_attention(
     """
     _check_inputs(q, k, v, causal, dropout_p, impl, window)
     slopes = _as_slopes(alibi_slopes, q)
-    impl = choose_impl(q, k, impl, dropout_p=dropout_p, training=training, window=window)
+    impl = choose_impl(q, k, impl, dropout_p=dropout_p, training=training)
     if impl == "naive":
         return naive_attention(q, k, v, causal, slopes, dropout_p, training, rng, window)
     if training and dropout_p > 0:
@@ -114,12 +114,11 @@ def choose_impl(
     impl: str = "auto",
     dropout_p: float = 0.0,
     training: bool = False,
-    window: int | None = None,
 ) -> str:
     """Resolve ``impl="auto"`` to "naive" or "flash" (any other impl is returned as is).
 
-    On CuPy: the CUDA kernel wherever it applies (float32, 16 <= hs <= 128, no ``window``
-    yet), else naive.
+    On CuPy: the CUDA kernel wherever it applies (float32, 16 <= hs <= 128; with or without
+    a ``window``), else naive.
     On NumPy: flash from ``FLASH_MIN_T`` queries on (see the benchmark note above).
     Both: naive when attention dropout is active, which only the naive path implements.
 
@@ -134,7 +133,7 @@ def choose_impl(
     if training and dropout_p > 0:
         return "naive"
     if xp_of(q.data) is not np:
-        return "flash" if kernel_supports(q, k) and window is None else "naive"
+        return "flash" if kernel_supports(q, k) else "naive"
     T, S = q.shape[2], k.shape[2]
     # subtle: S < T (possible without the causal mask) is outside the tiled code's contract
     return "flash" if FLASH_MIN_T <= T <= S else "naive"
@@ -234,17 +233,14 @@ class FlashAttention(Function):
         window: int | None = None,
     ) -> Any:
         use_kernel = xp_of(q) is not np and kernel_supports(q, k)
-        if use_kernel and window is not None:
-            raise ValueError(
-                f"attention: window={window} is not yet in the CUDA kernel: use impl='naive' "
-                f"(or 'auto', which picks it for windowed attention on the GPU)"
-            )
         ctx.scale = score_scale(q.shape[-1])
         blocks = {name: b for name, b in (("block_q", block_q), ("block_k", block_k)) if b}
         if use_kernel:
             from minigrad.kernels.flash_attention_cuda import flash_attention_forward_cuda
 
-            o, lse = flash_attention_forward_cuda(q, k, v, causal, alibi_slopes, ctx.scale)
+            o, lse = flash_attention_forward_cuda(
+                q, k, v, causal, alibi_slopes, ctx.scale, window=window
+            )
         else:
             o, lse = flash_attention_forward(
                 q, k, v, causal, alibi_slopes, ctx.scale, window=window, **blocks
@@ -262,7 +258,7 @@ class FlashAttention(Function):
             from minigrad.kernels.flash_attention_cuda import flash_attention_backward_cuda
 
             return flash_attention_backward_cuda(
-                q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, ctx.scale
+                q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, ctx.scale, ctx.window
             )
         return flash_attention_backward(
             q,

@@ -157,17 +157,16 @@ def test_flash_visits_only_the_tiles_the_band_touches(rng, monkeypatch):
 
 
 # ---- dispatch on the GPU and errors ----------------------------------------------------------
-def test_the_cuda_kernel_refuses_a_window_and_auto_runs_naive(fake_cupy, rng):
-    """The kernel has no window yet: impl="flash" says so instead of ignoring it, and
-    impl="auto" picks the naive path, which equals the CPU's."""
-    arrays = random_inputs(rng, 1, 2, 1, 8, 8, 16, np.float32)
-    q, k, v = (mg.tensor(a, device="cuda") for a in arrays[:3])
-    with pytest.raises(ValueError, match="window=3 is not yet in the CUDA kernel"):
-        sdpa(q, k, v, window=3, impl="flash")
-    got = sdpa(q, k, v, window=3)
-    assert got._ctx is None or got._ctx.fn is not FlashAttention
-    want = sdpa(*(mg.tensor(a) for a in arrays[:3]), window=3, impl="naive")
-    np.testing.assert_allclose(to_numpy(got.data), want.numpy(), atol=1e-6)
+def test_auto_runs_the_cuda_kernel_with_a_window(fake_cupy, rng):
+    """On the GPU (here the stand-in, whose kernels run in the emulator), impl="auto" takes
+    the CUDA kernel for windowed attention too, and its forward and backward equal the CPU's
+    naive path."""
+    arrays = random_inputs(rng, 1, 4, 2, 40, 70, 16, np.float32)
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625])
+    ctx, got = run(arrays, device="cuda", window=5, alibi_slopes=slopes)
+    assert ctx["backend"] == "cuda"
+    _, want = run(arrays, impl="naive", window=5, alibi_slopes=slopes)
+    assert_all_close(got, want, 1e-4, "kernel vs naive")
 
 
 @pytest.mark.parametrize("window", [0, -2, 2.5, True, "4"])

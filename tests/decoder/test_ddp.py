@@ -177,6 +177,18 @@ def _nccl_case(out: Path) -> None:
         for pname, p in model.named_parameters():
             results[f"{name}.grad.{pname}"] = p.grad.get()
             results[f"{name}.data.{pname}"] = p.data.get()
+        if name == "nccl":  # a resume from the gathered state takes the same next step
+            state = dist.comm.bcast(variant.optimizer_state(optimizer), root=0)
+            again, again_optimizer = _model_and_optimizer()
+            again.to("cuda")
+            again.load_state_dict(model.state_dict())
+            resumed = DataParallel(dist.comm, zero=True)
+            resumed.load_optimizer_state(again_optimizer, state)
+            x, y = batches[0]
+            for m, o, d in ((model, optimizer, variant), (again, again_optimizer, resumed)):
+                train_step(m, o, x[dist.rows(B)], y[dist.rows(B)], cfg, 4, d)
+            for (pname, p), q in zip(model.named_parameters(), again.parameters(), strict=True):
+                results[f"resumed.{pname}"] = q.data.get() - p.data.get()
     model, optimizer = _model_and_optimizer()  # one process, 2B rows, on the host
     cfg = TrainConfig(grad_accum_steps=K, grad_clip=0.05, dtype="float64")
     results["one.losses"] = np.array(
@@ -259,6 +271,8 @@ def test_nccl_on_two_pretended_gpus_takes_the_steps_of_one_process_without_host_
     assert got["no_nccl.transfers"].min() > 0  # through the host: the count can see them
     assert got["one_gpu.transfers"].min() > 0
     assert "NCCL is not available to CuPy" in done.stderr
+    resumed = [k for k in got if k.startswith("resumed.")]
+    assert resumed and all(not got[k].any() for k in resumed)  # the same weights after step 4
     assert "ranks share a GPU, which NCCL refuses" in done.stderr
 
 

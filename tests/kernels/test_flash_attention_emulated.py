@@ -229,6 +229,11 @@ def test_flash_kernels_are_race_free_under_thread_sanitizer():
         k, v = (rng.standard_normal((1, 1, 40, 16)).astype(np.float32) for _ in range(2))
         o, lse = flash_attention_forward_cuda(q, k, v, True, np.float32([0.5, 0.25]))
         flash_attention_backward_cuda(q, k, v, o, lse, g, True, np.float32([0.5, 0.25]))
+        # A window of 3 after 80 keys: blocks that skip some key tiles, and dK/dV blocks
+        # that skip every query tile.
+        k, v = (rng.standard_normal((1, 1, 80, 16)).astype(np.float32) for _ in range(2))
+        o, lse = flash_attention_forward_cuda(q, k, v, window=3)
+        flash_attention_backward_cuda(q, k, v, o, lse, g, window=3)
         print("ok")
     """
     result = run_sanitized("thread", script)

@@ -264,20 +264,20 @@ class AdamW(Optimizer):
         t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
         if wd:
             p *= 1 - lr * wd
-        # in place through one scratch array, not a temporary per operation; the order of
-        # operations is torch's (subtle: out= keeps a 0-d parameter an array, not a scalar)
-        step = xp.multiply(grad, grad, out=xp.empty_like(p))
-        step *= 1 - b2
+        # in place through two scratch arrays, not a temporary per operation, each rounding
+        # as in the formula above (subtle: out= keeps a 0-d parameter an array, not a scalar)
+        denom = xp.multiply(grad, grad, out=xp.empty_like(p))
+        denom *= 1 - b2
         v *= b2
-        v += step
-        xp.multiply(grad, 1 - b1, out=step)
+        v += denom
+        step = xp.multiply(grad, 1 - b1, out=xp.empty_like(p))
         m *= b1
         m += step
-        xp.sqrt(v, out=step)
-        step /= math.sqrt(1 - b2**t)
-        step += eps  # the denominator
-        xp.divide(m, step, out=step)
-        step *= lr / (1 - b1**t)
+        xp.sqrt(v, out=denom)
+        denom /= math.sqrt(1 - b2**t)
+        denom += eps
+        xp.multiply(m, lr / (1 - b1**t), out=step)
+        step /= denom
         p -= step
 
 

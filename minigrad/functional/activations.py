@@ -63,43 +63,49 @@ def _blocks(*arrays: Any) -> Iterator[list]:
 
 
 class GeluTanh(Function):
-    """y = x h,  h = (1 + tanh u) / 2,  u = sqrt(2/pi) (x + 0.044715 x^3)   (GPT-2's GELU).
+    """y = x/2 (1 + tanh u),  u = sqrt(2/pi) (x + 0.044715 x^3)   (GPT-2's GELU).
 
-    Backward, with 1 - tanh(u)^2 = 4 h (1 - h) and du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2):
-        dy/dx = h + x h' = h + 2 x h (1 - h) du/dx.
-    Each line below is one in-place pass over a block of the activations.
+    Backward, with t = tanh u and du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2):
+        dy/dx = (1 + t)/2 + x/2 (1 - t^2) du/dx.
+    Each line below is one in-place pass over a block of the activations, rounding as the
+    formula's left-to-right products do.
     """
 
     @staticmethod
     def forward(ctx, x):
         xp = xp_of(x)
-        h, y = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
-        for xb, hb, yb in _blocks(x, h, y):
-            xp.multiply(xb, xb, out=hb)
-            hb *= GELU_CUBIC * SQRT_2_OVER_PI
-            hb += SQRT_2_OVER_PI
-            hb *= xb  # u
-            xp.tanh(hb, out=hb)
-            hb += 1.0
-            hb *= 0.5
-            xp.multiply(xb, hb, out=yb)
-        ctx.save_for_backward(x, h)
+        t, y = xp.empty(x.shape, x.dtype), xp.empty(x.shape, x.dtype)
+        for xb, tb, yb in _blocks(x, t, y):
+            cubic = xp.multiply(xb, xb)
+            cubic *= GELU_CUBIC
+            cubic += 1.0  # 1 + 0.044715 x^2
+            xp.multiply(xb, SQRT_2_OVER_PI, out=tb)
+            tb *= cubic  # u
+            xp.tanh(tb, out=tb)
+            xp.multiply(xb, 0.5, out=yb)
+            xp.add(tb, 1.0, out=cubic)
+            yb *= cubic
+        ctx.save_for_backward(x, t)
         return y
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, h = ctx.saved
+        x, t = ctx.saved
         xp = xp_of(x)
         grad_x = xp.empty(x.shape, x.dtype)
-        for xb, hb, gb, out in _blocks(x, h, grad_out, grad_x):
-            xp.multiply(xb, xb, out=out)
-            out *= 6.0 * GELU_CUBIC * SQRT_2_OVER_PI
-            out += 2.0 * SQRT_2_OVER_PI
-            out *= xb  # 2 x du/dx
-            slope = 1.0 - hb
-            slope *= hb
+        for xb, tb, gb, out in _blocks(x, t, grad_out, grad_x):
+            du_dx = xp.multiply(xb, xb)
+            du_dx *= 3.0 * GELU_CUBIC
+            du_dx += 1.0
+            du_dx *= SQRT_2_OVER_PI
+            slope = xp.multiply(tb, tb)
+            xp.subtract(1.0, slope, out=slope)  # 1 - t^2
+            xp.multiply(xb, 0.5, out=out)
             out *= slope
-            out += hb
+            out *= du_dx  # x/2 (1 - t^2) du/dx
+            xp.add(tb, 1.0, out=slope)
+            slope *= 0.5
+            out += slope
             out *= gb
         return grad_x
 

@@ -273,7 +273,7 @@ def test_gelu_float32_forms_match_float64_to_float32_accuracy():
     xs = np.concatenate([np.linspace(-12, 12, 2 * BLOCK + 2401), [0.0, -0.0, 60.0, -60.0]])
     special = np.array([np.inf, -np.inf, np.nan])
     # the tanh form's gradient near |x| = 12 is x du/dx (~150) times 1 - tanh^2 (~1e-8): its
-    # float32 rounding there is a few 1e-6 (the old two-temporary code's was 1.2e-6)
+    # float32 rounding there is about 1.2e-6
     for form, huge, atol in (("tanh", [], 3e-6), ("none", [1e20, -1e20], 5e-7)):
         values = np.concatenate([xs, huge, special])
         g = np.linspace(-2, 2, values.size)

@@ -40,11 +40,10 @@ from decoder.posttrain import (
     arguments,
     load_post_model,
     parse,
-    run_command,
     run_post,
     start_post_run,
 )
-from decoder.train import Run
+from decoder.train import Run, run_command
 from minigrad import functional as F
 from minigrad.tensor import Tensor
 

@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,10 +42,17 @@ from decoder.checkpoint import (
 from decoder.config import DEFAULT_PRESET, ModelConfig, TrainConfig, build_configs
 from decoder.model import Decoder
 from decoder.rundir import claim_dir
-from decoder.step import TrainingDiverged
-from decoder.train import RUN_FILES, Run, generators, loop, parse_overrides, read_log, restore
+from decoder.train import (
+    RUN_FILES,
+    Run,
+    generators,
+    loop,
+    make_optimizer,
+    parse_overrides,
+    read_log,
+    restore,
+)
 from minigrad.nn.lora import apply_lora, merge_lora
-from minigrad.optim import AdamW, param_groups_for_decay
 
 # A short run at a tenth of pre-training's rate: the model knows the text already.
 POST_DEFAULTS = dict(
@@ -165,12 +171,7 @@ def start_post_run(
     data = make_data(chosen, tokenizer, model.config.block_size)
     if data.dropped:
         say(f"note: {data.dropped} examples are longer than the context and are left out")
-    optimizer = AdamW(
-        param_groups_for_decay(model, train_cfg.weight_decay),
-        lr=train_cfg.lr,
-        betas=(train_cfg.beta1, train_cfg.beta2),
-        weight_decay=train_cfg.weight_decay,
-    )
+    optimizer = make_optimizer(model, train_cfg)
     run = Run(
         out_dir=out_dir,
         model_cfg=model.config,
@@ -241,18 +242,3 @@ def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[Any, dict
     except ValueError as e:
         p.error(str(e))
     return args, overrides, lora if args.lora_r else None
-
-
-def run_command(body: Callable[[], None]) -> int:
-    """Run a command's body; returns the exit code (decoder.train's: 1 diverged, 2 errors)."""
-    try:
-        body()
-    except KeyboardInterrupt:
-        return 130
-    except TrainingDiverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError, RuntimeError, KeyError) as e:  # CheckpointError, RunDirError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0

@@ -27,8 +27,8 @@ from typing import Any
 from decoder.chat import respond
 from decoder.data import load_shakespeare
 from decoder.instruct_data import SPEAKER_TASK, ChatDataset, generated, read_jsonl
-from decoder.posttrain import arguments, parse, run_command, run_post, start_post_run
-from decoder.train import Run
+from decoder.posttrain import arguments, parse, run_post, start_post_run
+from decoder.train import Run, run_command
 
 MAX_EXACT = 100  # held-out questions scored per evaluation: a few seconds of greedy answers
 MAX_ANSWER = 24  # tokens an answer may take

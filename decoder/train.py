@@ -129,6 +129,16 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
 
 
+def make_optimizer(model: Decoder, train_cfg: TrainConfig) -> AdamW:
+    """AdamW as every trainer sets it up: weight decay on the matrices only (nanoGPT's groups)."""
+    return AdamW(
+        param_groups_for_decay(model, train_cfg.weight_decay),
+        lr=train_cfg.lr,
+        betas=(train_cfg.beta1, train_cfg.beta2),
+        weight_decay=train_cfg.weight_decay,
+    )
+
+
 def generators(model: Decoder) -> dict[str, np.random.Generator]:
     """Every NumPy Generator the model draws from (each Dropout owns one), by a stable name,
     and minigrad's global one: a checkpoint keeps all of their states."""
@@ -360,12 +370,7 @@ def start_run(
         model.double()
     model.to(train_cfg.device)
     model.train()
-    optimizer = AdamW(
-        param_groups_for_decay(model, train_cfg.weight_decay),
-        lr=train_cfg.lr,
-        betas=(train_cfg.beta1, train_cfg.beta2),
-        weight_decay=train_cfg.weight_decay,
-    )
+    optimizer = make_optimizer(model, train_cfg)
     run = Run(
         out_dir=out_dir,
         model_cfg=model_cfg,
@@ -793,9 +798,30 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def run_command(body: Callable[[], object]) -> int:
+    """Run a command's body and return its exit code, the same for every trainer's command line.
+
+    0 done; 1 the loss diverged (TrainingDiverged); 2 an error the user can fix, printed as one
+    line (ValueError, OSError, RuntimeError, KeyError: CheckpointError, RunDirError, and
+    load_shakespeare offline are among them); 130 interrupted, after the loop saved.
+    """
+    try:
+        body()
+    except KeyboardInterrupt:
+        return 130
+    except TrainingDiverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, RuntimeError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _run(args: argparse.Namespace, rest: list[str], dist: DataParallel | None = None) -> int:
     """Train as the parsed command line asks; returns the exit code."""
-    try:
+
+    def body() -> None:
         overrides = parse_overrides(rest)
         if args.device is not None:
             overrides["device"] = args.device
@@ -818,15 +844,8 @@ def _run(args: argparse.Namespace, rest: list[str], dist: DataParallel | None = 
             overwrite=args.overwrite,
             dist=dist,
         )
-    except KeyboardInterrupt:
-        return 130
-    except TrainingDiverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError, RuntimeError) as e:  # CheckpointError, RunDirError, and
-        print(f"error: {e}", file=sys.stderr)  # load_shakespeare offline: RuntimeErrors
-        return 2
-    return 0
+
+    return run_command(body)
 
 
 if __name__ == "__main__":

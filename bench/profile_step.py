@@ -149,6 +149,16 @@ def time_functions(op_times: dict[str, float], current_phase: list[str]) -> None
                 setattr(cls, method, timed(found.__func__, cls.__name__))
 
 
+def plain_ms_per_step(step: Callable, batches: list, warmup: int, steps: int) -> float:
+    """Warm up on the first batches, then time ``steps`` unprofiled steps on the last ones."""
+    for x, y in batches[:warmup]:
+        step(x, y)
+    start = time.perf_counter()
+    for x, y in batches[warmup + steps :]:
+        step(x, y)
+    return (time.perf_counter() - start) * 1e3 / steps
+
+
 def profile_ours(preset: str, steps: int, warmup: int) -> dict:
     """Milliseconds per step by phase and by op, and the plain ms/step, for minigrad."""
     import minigrad as mg
@@ -187,12 +197,7 @@ def profile_ours(preset: str, steps: int, warmup: int) -> dict:
         with clock("AdamW.step"):
             optimizer.step()
 
-    for x, y in batches[:warmup]:
-        step(x, y)
-    start = time.perf_counter()
-    for x, y in batches[warmup + steps :]:
-        step(x, y)
-    plain = (time.perf_counter() - start) * 1e3 / steps
+    plain = plain_ms_per_step(step, batches, warmup, steps)
     clock.totals.clear()
     op_times: dict[str, float] = defaultdict(float)
     time_functions(op_times, phase)
@@ -233,12 +238,7 @@ def profile_torch(preset: str, steps: int, warmup: int) -> dict:
             optimizer.zero_grad(set_to_none=True)
         loss.item()
 
-    for x, y in batches[:warmup]:
-        step(x, y)
-    start = time.perf_counter()
-    for x, y in batches[warmup + steps :]:
-        step(x, y)
-    plain = (time.perf_counter() - start) * 1e3 / steps
+    plain = plain_ms_per_step(step, batches, warmup, steps)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for x, y in batches[warmup : warmup + steps]:
             step(x, y)

@@ -12,7 +12,12 @@ two implementations of the same function:
   code (the NumPy twin in ``minigrad/kernels/flash_attention.py``, or the CUDA kernel for
   float32 CuPy arrays) and saves only q, k, v, o and the row logsumexp: memory O(T) per row
   instead of O(T * S). It has no attention dropout.
-- ``impl="auto"`` (the default) picks between them; see ``choose_impl``.
+- ``impl="dense"``: one ``Function``, ``DenseAttention``, with the naive path's math on raw
+  arrays: the whole (T, S) probability matrix in one piece, the mask added in place, and the
+  backward written out by hand (the flash path's formulas, with P kept instead of rebuilt).
+  Same memory as the naive path's single P, a fraction of its time at short contexts, where
+  the naive path's dozen small ops cost more than their arithmetic. No attention dropout.
+- ``impl="auto"`` (the default) picks among them; see ``choose_impl``.
 
 Conventions shared with the kernels: grouped-query attention (query head h reads kv head
 h // (nh // n_kv)); the causal mask is aligned to the end, as with a KV cache (query i sees
@@ -39,11 +44,12 @@ from minigrad.autograd import Context, Function
 from minigrad.backend import to_numpy, xp_of
 from minigrad.functional.dropout import check_p, dropout
 from minigrad.functional.inputs import check_floating, check_same_dtype
+from minigrad.functional.rows import dot_last, exp_shifted, widen
 from minigrad.functional.softmax import softmax
 from minigrad.kernels.flash_attention import flash_attention_backward, flash_attention_forward
 from minigrad.tensor import Tensor
 
-IMPLS = ("auto", "naive", "flash")
+IMPLS = ("auto", "naive", "dense", "flash")
 
 # On NumPy, impl="auto" switches to the tiled path from this many queries on. Measured with
 # bench/attention.py (B=1, nh=4, hs=32, float32, forward + backward, 2 cores): the flash path
@@ -94,9 +100,11 @@ def scaled_dot_product_attention(
         return naive_attention(q, k, v, causal, slopes, dropout_p, training, rng, window)
     if training and dropout_p > 0:
         raise ValueError(
-            f"impl='flash' has no attention dropout, but dropout_p={dropout_p} while training: "
+            f"impl={impl!r} has no attention dropout, but dropout_p={dropout_p} while training: "
             f"use impl='naive' (or 'auto', which picks it here), or set dropout_p=0"
         )
+    if impl == "dense":
+        return DenseAttention.apply(q, k, v, causal=causal, alibi_slopes=slopes, window=window)
     if k.shape[2] < q.shape[2]:
         raise ValueError(
             f"impl='flash' needs at least as many keys as queries, got T={q.shape[2]} and "
@@ -115,16 +123,17 @@ def choose_impl(
     dropout_p: float = 0.0,
     training: bool = False,
 ) -> str:
-    """Resolve ``impl="auto"`` to "naive" or "flash" (any other impl is returned as is).
+    """Resolve ``impl="auto"`` to "naive", "dense" or "flash" (any other impl is returned as is).
 
     On CuPy: the CUDA kernel wherever it applies (float32, 16 <= hs <= 128; with or without
     a ``window``), else naive.
-    On NumPy: flash from ``FLASH_MIN_T`` queries on (see the benchmark note above).
+    On NumPy: flash from ``FLASH_MIN_T`` queries on (see the benchmark note above), dense
+    below (the naive path's math in one Function, about twice as fast at T = 64).
     Both: naive when attention dropout is active, which only the naive path implements.
 
     >>> import minigrad as mg
     >>> choose_impl(mg.zeros(1, 1, 8, 4), mg.zeros(1, 1, 8, 4))
-    'naive'
+    'dense'
     >>> choose_impl(mg.zeros(1, 1, 2048, 4), mg.zeros(1, 1, 2048, 4))
     'flash'
     """
@@ -136,7 +145,7 @@ def choose_impl(
         return "flash" if kernel_supports(q, k) else "naive"
     T, S = q.shape[2], k.shape[2]
     # subtle: S < T (possible without the causal mask) is outside the tiled code's contract
-    return "flash" if FLASH_MIN_T <= T <= S else "naive"
+    return "flash" if FLASH_MIN_T <= T <= S else "dense"
 
 
 def kernel_supports(q: Any, k: Any) -> bool:
@@ -198,6 +207,79 @@ def naive_attention(
         att = dropout(att, dropout_p, training=True, rng=rng)
     out = att @ vg  # (B, n_kv, g, T, S) @ (B, n_kv, 1, S, hs) -> (B, n_kv, g, T, hs)
     return out.reshape(B, nh, T, hs)  # (B, n_kv, g, T, hs) -> (B, nh, T, hs)
+
+
+class DenseAttention(Function):
+    """o = softmax(q k^T / sqrt(hs) + bias, masked) v with the probabilities P in one piece.
+
+    The naive path's math as one Function on raw arrays. The query heads that share a kv
+    head are stacked into the rows of one matrix, so each kv head takes one product (and
+    the backward's sum over a group comes out of the same product); the causal mask, the
+    window and ALiBi are one additive (T, S) or (nh, T, S) bias of 0, -inf and the slopes
+    times the distance, added in place. Saves P, like the naive path's softmax.
+
+    Backward, as FlashAttention's (see there) with P kept instead of rebuilt:
+        dv = P^T do,   dP = do v^T,   ds = P (dP - D),  D_i = do_i . o_i,
+        dq = scale ds k,   dk = scale ds^T q.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=True, alibi_slopes=None, window=None):
+        dtype, (q, k, v) = q.dtype, map(widen, (q, k, v))  # float32 at least, as softmax
+        B, nh, T, hs = q.shape
+        n_kv, S = k.shape[1], k.shape[2]
+        rows = (B, n_kv, nh // n_kv * T)  # a kv head's query rows: its group's heads stacked
+        qs = (q * score_scale(hs)).reshape(*rows, hs)  # scaled once, T x hs numbers
+        scores = qs @ k.swapaxes(-1, -2)  # (B, n_kv, g T, S)
+        bias = score_bias(xp_of(q), T, S, causal, alibi_slopes, window, scores.dtype)
+        if bias is not None:  # (T, S) or (nh, T, S), broadcast over the batch
+            scores.reshape(B, nh, T, S)[...] += bias  # a view: scores changes in place
+        p, total, _ = exp_shifted(scores)  # no row is all -inf: S >= T keeps the diagonal
+        p /= total
+        o = p @ v  # (B, n_kv, g T, S) @ (B, n_kv, S, hs)
+        ctx.save_for_backward(qs, k, v, p, o)
+        return o.reshape(B, nh, T, hs).astype(dtype, copy=False)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qs, k, v, p, o = ctx.saved
+        B, nh, T, hs = grad_out.shape
+        do = widen(grad_out).reshape(o.shape)  # (B, nh, T, hs) -> (B, n_kv, g T, hs)
+        dv = p.swapaxes(-1, -2) @ do  # (B, n_kv, S, hs): summed over the group's rows
+        ds = do @ v.swapaxes(-1, -2)  # dP, made ds in place: (B, n_kv, g T, S)
+        ds -= dot_last(do, o)  # dP - D, D_i = do_i . o_i
+        ds *= p
+        dq = ds @ k  # scale ds k
+        dq *= score_scale(hs)
+        dk = ds.swapaxes(-1, -2) @ qs  # ds^T (scale q), qs holds the scale already
+        return dq.reshape(B, nh, T, hs), dk, dv
+
+
+def score_bias(
+    xp: Any, T: int, S: int, causal: bool, alibi_slopes: Any, window: int | None, dtype: Any
+) -> Any:
+    """What the scores get added before the softmax: (T, S), (nh, T, S) with ALiBi, or None.
+
+    -inf on the keys a query may not see (causal: j > S - T + i; window W: also
+    j <= S - T + i - W), 0 on the rest, minus slopes[h] * |S - T + i - j| with ALiBi.
+
+    >>> score_bias(np, 2, 3, True, None, None, np.float32).tolist()
+    [[0.0, 0.0, -inf], [0.0, 0.0, 0.0]]
+    """
+    if not causal and alibi_slopes is None:
+        return None
+    i_abs = (S - T + xp.arange(T))[:, None]  # (T, 1) absolute position of each query
+    j = xp.arange(S)[None, :]  # (1, S) position of each key
+    bias = xp.zeros((T, S), dtype=dtype)
+    if causal:
+        hidden = j > i_abs
+        if window is not None:
+            hidden |= j <= i_abs - window  # the band: i - W < j <= i
+        bias[hidden] = -math.inf
+    if alibi_slopes is not None:
+        distance = xp.abs(i_abs - j).astype(dtype)  # (T, S)
+        bias = bias - alibi_slopes.astype(dtype).reshape(-1, 1, 1) * distance  # (nh, T, S)
+    return bias
 
 
 class FlashAttention(Function):

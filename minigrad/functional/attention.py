@@ -1,9 +1,9 @@
-"""Scaled dot-product attention: the readable path built from Tensor ops, and FlashAttention.
+"""Scaled dot-product attention: the readable path from Tensor ops, a dense one, FlashAttention.
 
     o = softmax(q k^T / sqrt(hs) + bias, masked) v
 
 ``scaled_dot_product_attention`` takes q (B, nh, T, hs) and k, v (B, n_kv, S, hs) and offers
-two implementations of the same function:
+three implementations of the same function:
 
 - ``impl="naive"``: every step an ordinary Tensor op (matmul, add, where, softmax, dropout,
   matmul), so autograd differentiates it and a student can print any intermediate. It builds
@@ -15,7 +15,7 @@ two implementations of the same function:
 - ``impl="dense"``: one ``Function``, ``DenseAttention``, with the naive path's math on raw
   arrays: the whole (T, S) probability matrix in one piece, the mask added in place, and the
   backward written out by hand (the flash path's formulas, with P kept instead of rebuilt).
-  Same memory as the naive path's single P, a fraction of its time at short contexts, where
+  Same memory as the naive path's single P, about 70% of its time at short contexts, where
   the naive path's dozen small ops cost more than their arithmetic. No attention dropout.
 - ``impl="auto"`` (the default) picks among them; see ``choose_impl``.
 
@@ -26,7 +26,7 @@ so each query sees its last W positions, itself included; ALiBi adds -slopes[h] 
 |(S - T + i) - j| to the scaled scores.
 
 Left out on purpose: padding masks and arbitrary attn_mask tensors, a custom scale, gradients
-for the ALiBi slopes (constants), and dropout inside the flash path.
+for the ALiBi slopes (constants), and dropout inside the dense and flash paths.
 Follows Vaswani et al. (2017) for the math, Ainslie et al. (2023) for GQA, Press et al.
 (2022) for ALiBi, Jiang et al. (2023), Mistral 7B, for the sliding window and Dao (2023),
 FlashAttention-2, for the tiled path.
@@ -55,8 +55,9 @@ IMPLS = ("auto", "naive", "dense", "flash")
 # bench/attention.py (B=1, nh=4, hs=32, float32, forward + backward, 2 cores): the flash path
 # is already within a few percent of the naive one in time at T=256 and faster from T=1024 on
 # (the naive path spends its time allocating and writing T x S matrices), while its extra
-# memory is a small fraction of naive's at every T. Below a few hundred queries both are fast
-# and the naive path's intermediates are worth keeping for inspection, so we switch at 512.
+# memory is a small fraction of naive's at every T. (These timings predate the dense path.)
+# Below a few hundred queries the whole (T, S) matrix is small, and auto picks the dense path,
+# the naive path's math in one Function; we switch to the tiled path at 512.
 FLASH_MIN_T = 512
 
 # The CUDA kernel's limits (minigrad/kernels/flash_attention_cuda.py): float32, 16 <= hs <= 128.
@@ -128,7 +129,8 @@ def choose_impl(
     On CuPy: the CUDA kernel wherever it applies (float32, 16 <= hs <= 128; with or without
     a ``window``), else naive.
     On NumPy: flash from ``FLASH_MIN_T`` queries on (see the benchmark note above), dense
-    below (the naive path's math in one Function, about twice as fast at T = 64).
+    below (the naive path's math in one Function, about 1.4 times as fast at
+    B=12, nh=4, T=64, hs=32).
     Both: naive when attention dropout is active, which only the naive path implements.
 
     >>> import minigrad as mg
@@ -214,9 +216,11 @@ class DenseAttention(Function):
 
     The naive path's math as one Function on raw arrays. The query heads that share a kv
     head are stacked into the rows of one matrix, so each kv head takes one product (and
-    the backward's sum over a group comes out of the same product); the causal mask, the
-    window and ALiBi are one additive (T, S) or (nh, T, S) bias of 0, -inf and the slopes
-    times the distance, added in place. Saves P, like the naive path's softmax.
+    the backward's sum over a group comes out of the same product); ALiBi is added in place
+    as an (nh, T, S) bias, and the causal mask and window are filled in place with -inf, as
+    the naive path's masked_fill (subtle: filled, not added: a NaN or inf score of a hidden
+    key would survive the addition of -inf and reach the rows that must not see it). Saves P,
+    like the naive path's softmax.
 
     Backward, as FlashAttention's (see there) with P kept instead of rebuilt:
         dv = P^T do,   dP = do v^T,   ds = P (dP - D),  D_i = do_i . o_i,
@@ -231,9 +235,12 @@ class DenseAttention(Function):
         rows = (B, n_kv, nh // n_kv * T)  # a kv head's query rows: its group's heads stacked
         qs = (q * score_scale(hs)).reshape(*rows, hs)  # scaled once, T x hs numbers
         scores = qs @ k.swapaxes(-1, -2)  # (B, n_kv, g T, S)
-        bias = score_bias(xp_of(q), T, S, causal, alibi_slopes, window, scores.dtype)
-        if bias is not None:  # (T, S) or (nh, T, S), broadcast over the batch
-            scores.reshape(B, nh, T, S)[...] += bias  # a view: scores changes in place
+        xp, per_head = xp_of(q), scores.reshape(B, nh, T, S)  # a view: writes reach scores
+        if alibi_slopes is not None:
+            per_head += score_bias(xp, T, S, alibi_slopes, scores.dtype)  # (nh, T, S) bias
+        hidden = hidden_keys(xp, T, S, causal, window)
+        if hidden is not None:  # (T, S), broadcast over batch and heads
+            xp.copyto(per_head, -math.inf, where=hidden)
         p, total, _ = exp_shifted(scores)  # no row is all -inf: S >= T keeps the diagonal
         p /= total
         o = p @ v  # (B, n_kv, g T, S) @ (B, n_kv, S, hs)
@@ -255,31 +262,36 @@ class DenseAttention(Function):
         return dq.reshape(B, nh, T, hs), dk, dv
 
 
-def score_bias(
-    xp: Any, T: int, S: int, causal: bool, alibi_slopes: Any, window: int | None, dtype: Any
-) -> Any:
-    """What the scores get added before the softmax: (T, S), (nh, T, S) with ALiBi, or None.
+def score_bias(xp: Any, T: int, S: int, alibi_slopes: Any, dtype: Any) -> Any:
+    """ALiBi's bias (nh, T, S) on the scores: -slopes[h] * |S - T + i - j|.
 
-    -inf on the keys a query may not see (causal: j > S - T + i; window W: also
-    j <= S - T + i - W), 0 on the rest, minus slopes[h] * |S - T + i - j| with ALiBi.
-
-    >>> score_bias(np, 2, 3, True, None, None, np.float32).tolist()
-    [[0.0, 0.0, -inf], [0.0, 0.0, 0.0]]
+    >>> score_bias(np, 2, 3, np.array([0.5]), np.float32).tolist()
+    [[[-0.5, -0.0, -0.5], [-1.0, -0.5, -0.0]]]
     """
-    if not causal and alibi_slopes is None:
+    i_abs = (S - T + xp.arange(T))[:, None]  # (T, 1) absolute position of each query
+    j = xp.arange(S)[None, :]  # (1, S) position of each key
+    distance = xp.abs(i_abs - j).astype(dtype)  # (T, S)
+    return -alibi_slopes.astype(dtype).reshape(-1, 1, 1) * distance  # (nh, 1, 1) -> (nh, T, S)
+
+
+def hidden_keys(xp: Any, T: int, S: int, causal: bool, window: int | None) -> Any:
+    """The keys each query may not see, a boolean (T, S), or None without the causal mask.
+
+    Causal: j > S - T + i; with a window W also j <= S - T + i - W (the band i - W < j <= i).
+
+    >>> hidden_keys(np, 2, 3, True, None).tolist()
+    [[False, False, True], [False, False, False]]
+    >>> hidden_keys(np, 3, 3, True, 1).astype(int).tolist()
+    [[0, 1, 1], [1, 0, 1], [1, 1, 0]]
+    """
+    if not causal:
         return None
     i_abs = (S - T + xp.arange(T))[:, None]  # (T, 1) absolute position of each query
     j = xp.arange(S)[None, :]  # (1, S) position of each key
-    bias = xp.zeros((T, S), dtype=dtype)
-    if causal:
-        hidden = j > i_abs
-        if window is not None:
-            hidden |= j <= i_abs - window  # the band: i - W < j <= i
-        bias[hidden] = -math.inf
-    if alibi_slopes is not None:
-        distance = xp.abs(i_abs - j).astype(dtype)  # (T, S)
-        bias = bias - alibi_slopes.astype(dtype).reshape(-1, 1, 1) * distance  # (nh, T, S)
-    return bias
+    hidden = j > i_abs  # (T, S)
+    if window is not None:
+        hidden |= j <= i_abs - window  # the band: i - W < j <= i
+    return hidden
 
 
 class FlashAttention(Function):

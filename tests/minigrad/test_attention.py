@@ -1,5 +1,6 @@
-"""Tests for F.scaled_dot_product_attention: naive vs flash, gradchecks, the torch oracle,
-known answers, dispatch and errors, and (with a GPU) the CUDA kernel through the Tensor API."""
+"""Tests for F.scaled_dot_product_attention: naive vs dense and flash, gradchecks, the torch
+oracle, known answers, dispatch and errors, and (with a GPU) the CUDA kernel through the
+Tensor API."""
 
 import math
 
@@ -10,6 +11,7 @@ import minigrad as mg
 from minigrad.backend import to_numpy
 from minigrad.functional.attention import (
     FLASH_MIN_T,
+    DenseAttention,
     FlashAttention,
     choose_impl,
     scaled_dot_product_attention,
@@ -50,7 +52,7 @@ def assert_all_close(got, want, tol, label=""):
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"{label} {name}")
 
 
-# ---- naive vs flash (NumPy twin) through the Tensor API --------------------------------------
+# ---- naive vs dense and flash (NumPy twin) through the Tensor API ----------------------------
 # Every value of every axis appears at least once, in combinations that exercise tiles that do
 # not divide T or S, one-token decoding over a longer cache, and S > T with and without the mask.
 #      T,   S,  hs, nh, n_kv, causal, alibi, (block_q, block_k)
@@ -68,22 +70,26 @@ CASES = [
 ]
 
 
+FUNCTIONS = {"dense": DenseAttention, "flash": FlashAttention}
+
+
+@pytest.mark.parametrize("impl", ["dense", "flash"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "T{}-S{}-hs{}-nh{}-kv{}-c{}-a{}".format(*c))
-def test_flash_equals_naive(case, dtype, rng):
+def test_equals_naive(case, dtype, impl, rng):
     T, S, hs, nh, n_kv, causal, alibi, blocks = case
     B = 2 if T < 100 else 1
     arrays = random_inputs(rng, B, nh, n_kv, T, S, hs, dtype)
     kw = dict(causal=causal, alibi_slopes=slopes_for(nh) if alibi else None)
     _, naive = run(arrays, impl="naive", **kw)
     blocks = dict(zip(("block_q", "block_k"), blocks, strict=True)) if blocks else {}
-    ctx, flash = run(arrays, impl="flash", **kw, **blocks)
-    assert ctx["fn"] is FlashAttention
-    assert all(a.dtype == dtype for a in flash)
-    assert_all_close(flash, naive, TOL[dtype])
+    ctx, got = run(arrays, impl=impl, **kw, **blocks)  # dense ignores the tile sizes
+    assert ctx["fn"] is FUNCTIONS[impl]
+    assert all(a.dtype == dtype for a in got)
+    assert_all_close(got, naive, TOL[dtype], label=impl)
 
 
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 @pytest.mark.parametrize(
     "B, nh, n_kv, T, S, hs, causal, alibi",
     [
@@ -119,8 +125,68 @@ def test_gradcheck_catches_a_wrong_flash_backward(rng, monkeypatch):
         mg.gradcheck(lambda q, k, v: sdpa(q, k, v, impl="flash"), q, k, v)
 
 
+# ---- the dense path against the composition it replaces ---------------------------------------
+@pytest.mark.parametrize(
+    "B, nh, n_kv, T, S, hs, causal, alibi, window",
+    [
+        (2, 6, 2, 9, 13, 8, True, True, 4),  # GQA + ALiBi + window over a longer cache
+        (1, 4, 1, 7, 7, 16, True, True, None),  # MQA with ALiBi
+        (2, 4, 4, 5, 11, 8, False, True, None),  # ALiBi without the mask, S > T
+        (1, 8, 2, 1, 20, 4, True, False, 3),  # one decoding step, a window
+    ],
+)
+def test_dense_equals_the_naive_composition(B, nh, n_kv, T, S, hs, causal, alibi, window, rng):
+    """One Function with a hand-derived backward, the same numbers as the Tensor-op path."""
+    arrays = random_inputs(rng, B, nh, n_kv, T, S, hs)
+    kw = dict(causal=causal, alibi_slopes=slopes_for(nh) if alibi else None, window=window)
+    ctx, dense = run(arrays, impl="dense", **kw)
+    assert ctx["fn"] is DenseAttention
+    _, naive = run(arrays, impl="naive", **kw)
+    assert_all_close(dense, naive, 1e-12, label="dense vs naive")
+
+
+def test_dense_equals_naive_in_float32_at_the_training_shape(rng):
+    arrays = random_inputs(rng, 12, 4, 4, 64, 64, 32, np.float32)  # B=12, nh=4, T=64, hs=32
+    _, dense = run(arrays, impl="dense")
+    _, naive = run(arrays, impl="naive")
+    assert all(a.dtype == np.float32 for a in dense)
+    assert_all_close(dense, naive, 1e-5, label="dense vs naive, float32")
+
+
+def test_dense_widens_float16_inside_and_returns_float16(rng):
+    """float16 in, float16 out (and float16 gradients), as the naive path, whose softmax also
+    sums in float32; dense does all of it in float32, so it is at least as close to the
+    float64 answer."""
+    arrays = random_inputs(rng, 2, 4, 2, 8, 8, 16)
+    half = [a.astype(np.float16) for a in arrays]
+    kw = dict(alibi_slopes=slopes_for(4), window=5)
+    _, exact = run([a.astype(np.float64) for a in half], impl="naive", **kw)
+    errors = {}
+    for impl in ("naive", "dense"):
+        _, got = run(half, impl=impl, **kw)
+        assert all(a.dtype == np.float16 for a in got), impl
+        assert_all_close(got, exact, 2e-2, label=f"{impl}, float16")
+        errors[impl] = max(
+            np.abs(g.astype(np.float64) - w).max() for g, w in zip(got, exact, strict=True)
+        )
+    assert errors["dense"] <= errors["naive"]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
+def test_a_non_finite_hidden_key_never_reaches_earlier_queries(impl, bad, rng):
+    """The mask hides key j from the queries before it even when k_j is NaN or inf (masked
+    by filling -inf, not by adding it: NaN + -inf is NaN, and inf - inf too)."""
+    q, k, v, _ = random_inputs(rng, 1, 2, 1, 6, 6, 4)
+    k[0, 0, 4, 1] = bad  # key 4 is hidden from queries 0 .. 3
+    with np.errstate(invalid="ignore"):  # query 4 and later rows do see it: NaN there
+        out = sdpa(*(mg.tensor(a) for a in (q, k, v)), impl=impl, block_q=2, block_k=2).numpy()
+    want = sdpa(*(mg.tensor(a[:, :, :4]) for a in (q, k, v)), impl="naive").numpy()
+    np.testing.assert_allclose(out[:, :, :4], want, atol=1e-12, err_msg=impl)
+
+
 # ---- known answers and structure -------------------------------------------------------------
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 def test_zero_queries_average_the_visible_values(impl, rng):
     """q = 0 makes every score equal: query i averages v over the keys it may see."""
     T, S = 5, 8
@@ -132,7 +198,7 @@ def test_zero_queries_average_the_visible_values(impl, rng):
     np.testing.assert_allclose(out.numpy()[0, 0], want, atol=1e-12)
 
 
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 def test_gqa_equals_repeated_kv_heads(impl, rng):
     """Query head h reads kv head h // (nh // n_kv); its k, v gradient sums over the group."""
     nh, n_kv = 6, 2
@@ -158,19 +224,28 @@ def test_flash_saves_only_q_k_v_o_and_lse(rng):
 
 
 # ---- dispatch and dropout --------------------------------------------------------------------
-def test_auto_picks_flash_from_the_threshold_on(rng):
-    for T, fn in ((FLASH_MIN_T - 1, "naive"), (FLASH_MIN_T, "flash")):
+def test_auto_picks_dense_below_the_threshold_and_flash_from_it_on(rng):
+    for T, impl in ((1, "dense"), (FLASH_MIN_T - 1, "dense"), (FLASH_MIN_T, "flash")):
         q, k, v, _ = random_inputs(rng, 1, 1, 1, T, T, 4, np.float32)
         q, k, v = (mg.tensor(a, requires_grad=True) for a in (q, k, v))
-        assert choose_impl(q, k) == fn
+        assert choose_impl(q, k) == impl
         out = sdpa(q, k, v)  # impl="auto"
-        assert (out._ctx.fn is FlashAttention) == (fn == "flash")
-    # S < T (no mask) is outside the tiled code: auto stays naive
-    assert choose_impl(mg.zeros(1, 1, FLASH_MIN_T, 4), mg.zeros(1, 1, 3, 4)) == "naive"
-    # attention dropout while training: only the naive path has it
-    q = mg.zeros(1, 1, FLASH_MIN_T, 4)
-    assert choose_impl(q, q, dropout_p=0.1, training=True) == "naive"
-    assert choose_impl(q, q, dropout_p=0.1, training=False) == "flash"
+        assert out._ctx.fn is FUNCTIONS[impl]
+    # S < T (no mask) is outside the tiled code: auto stays dense
+    assert choose_impl(mg.zeros(1, 1, FLASH_MIN_T, 4), mg.zeros(1, 1, 3, 4)) == "dense"
+    # attention dropout while training: only the naive path has it, at every T
+    for T, impl in ((8, "dense"), (FLASH_MIN_T, "flash")):
+        q = mg.zeros(1, 1, T, 4)
+        assert choose_impl(q, q, dropout_p=0.1, training=True) == "naive"
+        assert choose_impl(q, q, dropout_p=0.1, training=False) == impl
+        assert choose_impl(q, q, dropout_p=0.0, training=True) == impl
+    # an impl named outright is returned as is
+    q = mg.zeros(1, 1, 8, 4)
+    assert [choose_impl(q, q, i) for i in ("naive", "dense", "flash")] == [
+        "naive",
+        "dense",
+        "flash",
+    ]
 
 
 def test_dropout_only_while_training(rng):
@@ -188,11 +263,13 @@ def test_dropout_only_while_training(rng):
     np.testing.assert_array_equal(dropped(1), dropped(1))  # the mask comes from the rng
 
 
-def test_flash_refuses_dropout_while_training():
-    q = mg.zeros(1, 2, 4, 8)
-    with pytest.raises(ValueError, match="impl='flash' has no attention dropout"):
-        sdpa(q, q, q, dropout_p=0.1, training=True, impl="flash")
-    sdpa(q, q, q, dropout_p=0.1, training=False, impl="flash")  # eval: no dropout, fine
+@pytest.mark.parametrize("impl", ["dense", "flash"])
+def test_dense_and_flash_refuse_dropout_while_training(impl):
+    q = mg.tensor(np.zeros((1, 2, 4, 8)), requires_grad=True)
+    with pytest.raises(ValueError, match=f"impl='{impl}' has no attention dropout.*impl='naive'"):
+        sdpa(q, q, q, dropout_p=0.1, training=True, impl=impl)
+    out = sdpa(q, q, q, dropout_p=0.1, training=False, impl=impl)  # eval: no dropout, fine
+    assert out._ctx.fn is FUNCTIONS[impl]
 
 
 # ---- errors ----------------------------------------------------------------------------------
@@ -220,9 +297,15 @@ def test_errors(q, k, v, kwargs, match):
         sdpa(q, k, v, **kwargs)
 
 
-def test_non_causal_with_fewer_keys_than_queries_runs_naive():
-    q, k = mg.randn(1, 2, 5, 4), mg.randn(1, 1, 3, 4)
-    assert sdpa(q, k, k, causal=False).shape == (1, 2, 5, 4)
+@pytest.mark.parametrize("alibi", [False, True])
+def test_non_causal_with_fewer_keys_than_queries_runs_dense(alibi, rng):
+    """S < T is outside the tiled code's contract but not the dense path's: auto picks it."""
+    arrays = random_inputs(rng, 2, 4, 2, 5, 3, 4)
+    kw = dict(causal=False, alibi_slopes=slopes_for(4) if alibi else None)
+    ctx, got = run(arrays, **kw)  # impl="auto"
+    assert ctx["fn"] is DenseAttention
+    _, want = run(arrays, impl="naive", **kw)
+    assert_all_close(got, want, 1e-12, label="S < T")
 
 
 # ---- the oracle ------------------------------------------------------------------------------
@@ -250,7 +333,7 @@ def torch_reference(torch, arrays, causal, slopes):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 @pytest.mark.parametrize(
     "T, S, nh, n_kv, hs, causal, alibi",
     [

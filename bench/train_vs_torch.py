@@ -12,11 +12,12 @@ SDPA, its AdamW set-up, torch's default threads), so its speed is nanoGPT's own.
 start from the same weights (our model's initialisation, copied into the reference), sample
 the very same batches (decoder.data with the same seeds), follow the same learning rate
 schedule and score the same evaluation batches. So their losses agree closely at first, which
-checks the whole engine end to end; where our preset's math departs from nanoGPT's recipe
-(say a tanh GELU against nanoGPT's exact one) the output lists it, and the losses drift apart
-by that difference as well as by float rounding. tokens/s counts the training steps alone
-(evaluation excluded) on both sides; peak memory is each process's own peak resident set
-(ru_maxrss), so the reference's includes what importing torch maps in.
+checks the whole engine end to end. shakespeare-char and baby-gpt follow nanoGPT's recipe,
+its exact GELU included; should a preset drift from it (say back to GPT-2's tanh GELU, read
+off the built model), the output lists each difference, and the losses then drift apart by
+it as well as by float rounding. tokens/s counts the training steps alone (evaluation
+excluded) on both sides; peak memory is each process's own peak resident set (ru_maxrss), so
+the reference's includes what importing torch maps in.
 
 A single run's validation loss depends on its seed: for `shakespeare-char` at 2000 steps,
 seeds spread it over about 0.05, much more than the engines differ. ``--seeds`` trains both
@@ -110,7 +111,8 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
 
 
 def our_gelu(model) -> str | None:
-    """The ``approximate`` of our Decoder's GELU (None: it has none, e.g. a SwiGLU)."""
+    """The ``approximate`` of our Decoder's GELU (None: it has none, e.g. a SwiGLU), read off
+    the built model rather than its config, so that a config the model ignores shows too."""
     act = getattr(model.blocks[0].ffn, "act", None)
     return getattr(act, "approximate", None)
 

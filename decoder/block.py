@@ -42,8 +42,8 @@ def make_norm(config: ModelConfig) -> Module:
 
 
 def make_ffn(config: ModelConfig) -> Module:
-    """The feed-forward the config asks for: GPT-2's MLP, Llama's SwiGLU or a mixture of
-    SwiGLU experts (decoder/moe.py).
+    """The feed-forward the config asks for: GPT-2's MLP (with the GELU form of
+    ``gelu_approximate``), Llama's SwiGLU or a mixture of SwiGLU experts (decoder/moe.py).
 
     >>> type(make_ffn(ModelConfig(ffn="moe", n_embd=8, n_head=2))).__name__
     'MoE'
@@ -59,8 +59,9 @@ def make_ffn(config: ModelConfig) -> Module:
             bias,
             dropout,
         )
-    ffn = MLP if config.ffn == "gelu" else SwiGLU
-    return ffn(C, config.ffn_hidden, bias, dropout)
+    if config.ffn == "gelu":
+        return MLP(C, config.ffn_hidden, bias, dropout, approximate=config.gelu_approximate)
+    return SwiGLU(C, config.ffn_hidden, bias, dropout)
 
 
 class Block(Module):

@@ -21,6 +21,7 @@ from decoder.mla import check_mla
 from decoder.positional import check_rope_scaling
 from decoder.tokenizer import TOKENIZERS
 from minigrad.backend import DEVICES, DeviceUnavailableError, get_xp
+from minigrad.functional.activations import GELU_FORMS
 
 FFNS = ("gelu", "swiglu", "moe")
 NORMS = ("layer", "rms")
@@ -39,6 +40,7 @@ class ModelConfig:
     n_embd: int = 128  # the residual stream's width
     ffn: str = "gelu"  # "gelu": GPT-2's MLP; "swiglu": Llama's gated unit; "moe": experts
     ffn_hidden: int | None = None  # hidden width; None: 4 * n_embd (gelu), ~8/3 * n_embd (else)
+    gelu_approximate: str = "tanh"  # ffn="gelu"'s GELU: "tanh" GPT-2's form, "none" exact (erf)
     n_experts: int = 8  # routed SwiGLU experts of an ffn="moe" layer (Mixtral has 8)
     top_k: int = 2  # experts each token is routed to (Mixtral's 2)
     n_shared_experts: int = 0  # always-on experts beside the routed ones (DeepSeekMoE)
@@ -84,6 +86,12 @@ class ModelConfig:
         """Raise a ValueError naming the first invalid field or combination."""
         _check_fields(self)
         _choice("ffn", self.ffn, FFNS)
+        _choice("gelu_approximate", self.gelu_approximate, GELU_FORMS)
+        if self.ffn != "gelu" and self.gelu_approximate != "tanh":
+            raise ValueError(
+                f"gelu_approximate={self.gelu_approximate!r} is for the GELU of ffn='gelu', but "
+                f"ffn={self.ffn!r} has none: set --ffn=gelu or drop it"
+            )
         _choice("norm", self.norm, NORMS)
         _choice("norm_position", self.norm_position, NORM_POSITIONS)
         check_attention(self.n_embd, self.n_head, self.n_kv_head, self.pos, self.attn_impl)
@@ -195,8 +203,9 @@ LLAMA_LAYOUT = dict(n_kv_head=2, pos="rope", norm="rms", ffn="swiglu")  # GQA, R
 
 PRESETS: dict[str, Preset] = {
     "shakespeare-char": Preset(
-        "nanoGPT's CPU Shakespeare run: 4 layers, 4 heads, 128 wide, context 64, 2000 steps",
-        model=dict(block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0),
+        "nanoGPT's CPU Shakespeare run: 4 layers, 4 heads, 128 wide, context 64, 2000 steps, "
+        "exact GELU (nanoGPT's nn.GELU())",
+        model=dict(**SHAKESPEARE_SHAPE, gelu_approximate="none"),  # nanoGPT's MLP: nn.GELU()
         train=dict(batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100),
     ),
     "shakespeare-char-modern": Preset(
@@ -215,8 +224,11 @@ PRESETS: dict[str, Preset] = {
         train=dict(batch_size=12, max_iters=2000, lr=1e-3, min_lr=1e-4, warmup_iters=100),
     ),
     "baby-gpt": Preset(
-        "nanoGPT's GPU Shakespeare run: 6 layers, 6 heads, 384 wide, context 256, 5000 steps",
-        model=dict(block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
+        "nanoGPT's GPU Shakespeare run: 6 layers, 6 heads, 384 wide, context 256, 5000 steps, "
+        "exact GELU (nanoGPT's nn.GELU())",
+        model=dict(
+            block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2, gelu_approximate="none"
+        ),
         train=dict(
             batch_size=64,
             max_iters=5000,
@@ -458,6 +470,8 @@ def build_configs(
     >>> m, t = build_configs("tiny", {"n_layer": "3", "lr": "0.01"})
     >>> m.n_layer, t.lr
     (3, 0.01)
+    >>> build_configs("shakespeare-char", {"ffn": "swiglu"})[0].gelu_approximate  # no GELU
+    'tanh'
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}: choose one of {sorted(PRESETS)}")
@@ -469,9 +483,14 @@ def build_configs(
         k: parse_value(k, v, _field(k, model_fields, train_fields).type)
         for k, v in (overrides or {}).items()
     }
-    for key, value in {**typed, **extra}.items():
+    given = {**typed, **extra}
+    for key, value in given.items():
         _field(key, model_fields, train_fields)
         (model_kw if key in model_fields else train_kw)[key] = value
+    if model_kw.get("ffn", "gelu") != "gelu" and "gelu_approximate" not in given:
+        # subtle: the preset's GELU form goes with the MLP that --ffn replaced, so that
+        # `--ffn=moe` on shakespeare-char (exact GELU) is not refused for a GELU it no longer has
+        model_kw.pop("gelu_approximate", None)
     return ModelConfig(**model_kw), TrainConfig(**train_kw)
 
 

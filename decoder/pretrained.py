@@ -246,8 +246,15 @@ class _Fields:
         return value
 
 
+# GPT-2's activation_function (a name in transformers' ACT2FN) -> our gelu_approximate, and
+# back: gelu_new (GPT-2's released checkpoints) and gelu_pytorch_tanh are the tanh form, gelu
+# the exact erf form (nanoGPT's nn.GELU())
+GELU_FROM_HF = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
+GELU_TO_HF = {"tanh": "gelu_new", "none": "gelu"}
+
+
 def _gpt2_fields(f: _Fields) -> dict[str, Any]:
-    f.require("activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new")
+    act = f.require("activation_function", tuple(GELU_FROM_HF), "gelu_new")
     f.require("scale_attn_weights", (True,), True)
     f.require("scale_attn_by_inverse_layer_idx", (False,), False)
     f.require("add_cross_attention", (False,), False)
@@ -267,6 +274,7 @@ def _gpt2_fields(f: _Fields) -> dict[str, Any]:
         pos="learned",
         norm="layer",
         ffn="gelu",
+        gelu_approximate=GELU_FROM_HF[act],
         bias=True,
     )
 
@@ -388,7 +396,7 @@ def _config_to_hf(config: ModelConfig) -> tuple[dict[str, Any], str]:
             "n_head": c.n_head,
             "n_embd": c.n_embd,
             "n_inner": c.ffn_hidden,
-            "activation_function": "gelu_new",
+            "activation_function": GELU_TO_HF[c.gelu_approximate],
             "layer_norm_epsilon": c.norm_eps,
             "attn_pdrop": c.dropout,
             "resid_pdrop": c.dropout,

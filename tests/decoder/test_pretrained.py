@@ -16,6 +16,7 @@ import types
 import numpy as np
 import pytest
 
+import minigrad as mg
 from decoder import finetune as finetune_cli
 from decoder import generate as generate_cli
 from decoder.config import ModelConfig, build_configs
@@ -24,6 +25,7 @@ from decoder.model import Decoder
 from decoder.pretrained import (
     PretrainedError,
     config_from_hf,
+    config_to_hf,
     load_pretrained,
     resolve_source,
 )
@@ -217,6 +219,67 @@ def test_save_refuses_what_the_format_cannot_express(tmp_path):
     with pytest.raises(PretrainedError, match="merge it first"):
         lora.save_pretrained(tmp_path)
     assert not (tmp_path / "config.json").exists()
+
+
+# ---- the GELU's two forms: activation_function <-> gelu_approximate -----------------------------
+# transformers' names: gelu_new (GPT-2's checkpoints) and gelu_pytorch_tanh are the tanh form,
+# gelu the exact erf form (nanoGPT's nn.GELU(), our shakespeare-char preset)
+GELU_NAMES = [("gelu_new", "tanh"), ("gelu_pytorch_tanh", "tanh"), ("gelu", "none")]
+
+
+@pytest.mark.parametrize("name, form", GELU_NAMES)
+def test_gpt2_activation_function_picks_the_gelu_form(name, form):
+    config, _ = config_from_hf({**GPT2_CONFIG, "activation_function": name})
+    assert config.gelu_approximate == form
+    assert config_from_hf(GPT2_CONFIG)[0].gelu_approximate == "tanh"  # GPT2Config's default
+    # saving writes the name transformers gives that form in GPT-2's own configs
+    written = config_to_hf(config)[0]["activation_function"]
+    assert written == {"tanh": "gelu_new", "none": "gelu"}[form]
+
+
+def _wide_gelu_inputs(linear_weight) -> None:
+    """Scale an MLP's first weight so its GELU sees inputs of order 1 to 10, where the two
+    forms differ by up to 5e-4 (around 0.02-scale init they agree to far below the tolerance)."""
+    linear_weight *= 100
+
+
+@pytest.mark.parametrize("name, form", GELU_NAMES)
+@pytest.mark.oracle
+def test_a_gpt2_of_either_gelu_loads_with_that_gelu(tf, tmp_path, name, form):
+    import torch
+
+    model = hf_model(tf, "gpt2", activation_function=name)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            _wide_gelu_inputs(block.mlp.c_fc.weight)
+    model.save_pretrained(tmp_path)
+    ours = Decoder.from_pretrained(tmp_path)
+    assert {b.ffn.act.approximate for b in ours.blocks} == {form}
+    x = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
+    with torch.no_grad():
+        want = model.transformer.h[0].mlp(torch.from_numpy(x)).numpy()
+    got = ours.blocks[0].ffn(mg.tensor(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    ours.blocks[0].ffn.act.approximate = {"tanh": "none", "none": "tanh"}[form]
+    other = ours.blocks[0].ffn(mg.tensor(x)).numpy()
+    assert np.abs(other - want).max() > 1e-5  # the test tells the two forms apart
+
+
+@pytest.mark.oracle
+def test_our_exact_gelu_model_saves_as_a_gpt2_with_exact_gelu(tf, tmp_path):
+    """The classic preset (nanoGPT's exact GELU), with GPT-2's biases, round-trips through
+    transformers as activation_function="gelu"."""
+    config, _ = build_configs("shakespeare-char", vocab_size=V, n_layer=1, n_embd=16, bias=True)
+    assert config.gelu_approximate == "none"
+    ours = Decoder(config)
+    _wide_gelu_inputs(ours.blocks[0].ffn.w1.weight.data)
+    ours.save_pretrained(tmp_path)
+    theirs = tf.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert theirs.config.activation_function == "gelu"
+    ids = np.arange(16)[None] % V
+    np.testing.assert_allclose(ours(ids)[0].data, hf_logits(theirs, ids), atol=2e-5)
+    back = Decoder.from_pretrained(tmp_path)
+    assert back.config == config
 
 
 @pytest.mark.oracle

@@ -86,10 +86,11 @@ def test_silu(torch, rng):
     compare(torch, nn.SiLU(), torch.nn.SiLU(), rng.standard_normal((4, 5)), rng)
 
 
-def test_mlp(torch, rng):
-    ours = randomize(nn.MLP(4, 8), rng)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])  # GPT-2's MLP; nanoGPT's nn.GELU()
+def test_mlp(torch, rng, approximate):
+    ours = randomize(nn.MLP(4, 8, approximate=approximate), rng)
     theirs = torch.nn.Sequential(
-        torch.nn.Linear(4, 8), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(8, 4)
+        torch.nn.Linear(4, 8), torch.nn.GELU(approximate=approximate), torch.nn.Linear(8, 4)
     )
     names = {
         "w1.weight": "0.weight",

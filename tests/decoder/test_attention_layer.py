@@ -60,7 +60,7 @@ def reference(attn: CausalSelfAttention, x: np.ndarray) -> np.ndarray:
     return np.concatenate(heads, axis=-1) @ attn.wo.weight.numpy().T
 
 
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 @pytest.mark.parametrize("pos", ["none", "rope", "alibi"])
 @pytest.mark.parametrize("n_kv", [4, 2, 1])
 def test_layer_equals_per_head_reference(pos, n_kv, impl, rng):
@@ -79,7 +79,7 @@ def test_projections_are_named_linears_sized_for_gqa():
 
 
 # ---- causality --------------------------------------------------------------------------------
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 @pytest.mark.parametrize("pos", POSITIONS)
 def test_changing_a_token_never_changes_earlier_outputs(pos, impl, rng):
     attn, table = layer(pos, 2, impl), added_positions(pos)
@@ -126,7 +126,7 @@ def test_incremental_decoding_equals_full_forward(pos, n_kv, rng):
     assert cache.length == 6
 
 
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 def test_cached_decoding_with_either_impl(impl, rng):
     attn = layer("rope", 2, impl)
     x = inputs(rng, 1, 7)
@@ -159,7 +159,7 @@ def test_cache_checks_shapes_and_sizes_itself_for_the_layer():
 
 
 # ---- gradients, dropout, errors ---------------------------------------------------------------
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 @pytest.mark.parametrize("pos", ["rope", "alibi"])
 def test_layer_gradcheck(pos, impl, rng):
     mg.manual_seed(1)
@@ -177,8 +177,9 @@ def test_dropout_in_training_uses_the_naive_path(rng):
     assert not np.allclose(trained, attn(x).numpy())
 
 
-def test_flash_with_dropout_refuses_to_train_but_evaluates(rng):
-    attn = layer("none", dropout=0.1, impl="flash").train()
+@pytest.mark.parametrize("impl", ["dense", "flash"])
+def test_dense_and_flash_with_dropout_refuse_to_train_but_evaluate(impl, rng):
+    attn = layer("none", dropout=0.1, impl=impl).train()
     with pytest.raises(ValueError, match="no attention dropout"):
         attn(inputs(rng))
     attn.eval()

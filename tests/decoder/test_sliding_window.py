@@ -77,7 +77,7 @@ def test_rolling_cache_memory_stops_growing():
 
 
 @pytest.mark.parametrize("pos", ["rope", "alibi", "none"])
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 def test_windowed_model_cached_equals_full_forward_past_block_size(pos, impl, rng):
     """40 tokens through a model of block_size 12: fed as a prefill of 7, single tokens and
     chunks of 5, the logits at every position equal one full forward over all 40."""
@@ -134,7 +134,7 @@ def test_a_bounded_windowed_model_falls_back_to_the_last_block_size_tokens():
 
 
 # ---- gradients -------------------------------------------------------------------------------
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 def test_windowed_layer_gradcheck(impl, rng):
     mg.manual_seed(1)
     attn = CausalSelfAttention(8, 2, 1, pos="rope", block_size=8, impl=impl, window=2).double()

@@ -1,13 +1,17 @@
 """Tests for sliding-window attention (``window=W`` in F.scaled_dot_product_attention): naive
-vs flash, torch SDPA with an explicit band mask, gradchecks, known answers, the tiles the flash
-path skips, and the errors."""
+vs dense and flash, torch SDPA with an explicit band mask, gradchecks, known answers, the tiles
+the flash path skips, and the errors."""
 
 import numpy as np
 import pytest
 
 import minigrad as mg
 from minigrad.backend import to_numpy
-from minigrad.functional.attention import FlashAttention, scaled_dot_product_attention
+from minigrad.functional.attention import (
+    DenseAttention,
+    FlashAttention,
+    scaled_dot_product_attention,
+)
 from minigrad.kernels import flash_attention as twin
 
 sdpa = scaled_dot_product_attention
@@ -43,7 +47,7 @@ def band(T, S, window):
     return (j <= i_abs) & (j > i_abs - window)
 
 
-# ---- naive vs flash --------------------------------------------------------------------------
+# ---- naive vs dense and flash ---------------------------------------------------------------
 #      T,   S,  hs, nh, n_kv,  W, alibi, (block_q, block_k)
 CASES = [
     (1, 1, 8, 2, 2, 1, False, None),  # one token, a window of itself
@@ -57,20 +61,21 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("impl", ["dense", "flash"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "T{}-S{}-hs{}-nh{}-kv{}-W{}-a{}".format(*c))
-def test_flash_equals_naive(case, dtype, rng):
+def test_equals_naive(case, dtype, impl, rng):
     T, S, hs, nh, n_kv, window, alibi, blocks = case
     arrays = random_inputs(rng, 2 if T < 100 else 1, nh, n_kv, T, S, hs, dtype)
     kw = dict(window=window, alibi_slopes=np.linspace(0.05, 0.5, nh) if alibi else None)
     _, naive = run(arrays, impl="naive", **kw)
     blocks = dict(zip(("block_q", "block_k"), blocks, strict=True)) if blocks else {}
-    ctx, flash = run(arrays, impl="flash", **kw, **blocks)
-    assert ctx["fn"] is FlashAttention
-    assert_all_close(flash, naive, TOL[dtype])
+    ctx, got = run(arrays, impl=impl, **kw, **blocks)  # dense ignores the tile sizes
+    assert ctx["fn"] is {"dense": DenseAttention, "flash": FlashAttention}[impl]
+    assert_all_close(got, naive, TOL[dtype], impl)
 
 
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 def test_a_window_at_least_the_context_is_plain_causal(impl, rng):
     arrays = random_inputs(rng, 1, 4, 2, 12, 15, 8)
     _, full = run(arrays, impl=impl, block_q=4, block_k=4)
@@ -80,7 +85,7 @@ def test_a_window_at_least_the_context_is_plain_causal(impl, rng):
     assert not np.allclose(narrow[0], full[0])  # the first query lost key 0
 
 
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 def test_window_of_one_returns_each_positions_own_value(impl, rng):
     """W = 1: query i sees only key S - T + i, so o_i = v at that position, for any q and k."""
     q, k, v, _ = random_inputs(rng, 2, 4, 2, 5, 9, 8)
@@ -91,7 +96,7 @@ def test_window_of_one_returns_each_positions_own_value(impl, rng):
 
 # ---- the oracle ------------------------------------------------------------------------------
 @pytest.mark.oracle
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 @pytest.mark.parametrize(
     "T, S, nh, n_kv, W, alibi",
     [(16, 16, 4, 2, 5, False), (9, 20, 4, 1, 3, True), (33, 40, 2, 2, 8, False)],
@@ -115,7 +120,7 @@ def test_equals_torch_with_a_band_mask(torch, impl, T, S, nh, n_kv, W, alibi, rn
 
 
 # ---- gradients -------------------------------------------------------------------------------
-@pytest.mark.parametrize("impl", ["naive", "flash"])
+@pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 @pytest.mark.parametrize(
     "B, nh, n_kv, T, S, hs, W, alibi",
     [(1, 2, 1, 5, 7, 4, 2, True), (2, 2, 2, 6, 6, 3, 3, False), (1, 4, 2, 4, 4, 2, 1, False)],

@@ -1,16 +1,17 @@
-"""Attention: the naive path against FlashAttention and PyTorch, and generation with a KV cache.
+"""Attention: naive, dense and FlashAttention against PyTorch, and generation with a KV cache.
 
 Three sections, each printing a table with ratios:
 
 - CPU (default): causal attention, float32, B=1, nh=4, hs=32, T in 256..4096. Forward plus
   backward time (best of ``--reps`` after a warm-up) and extra peak memory of minigrad's naive
-  path and its NumPy flash path (the twin of the CUDA kernel), with PyTorch's
+  path, its dense path (impl="auto" below FLASH_MIN_T) and its NumPy flash path (the twin of
+  the CUDA kernel), with PyTorch's
   ``scaled_dot_product_attention`` on the CPU as the peer. Memory: tracemalloc's peak during
   one forward + backward, relative to what was allocated before it (the inputs); NumPy
   reports its array allocations to tracemalloc. torch's allocations are invisible to
   tracemalloc, so for all three we also print the growth of the process's peak resident set
   (ru_maxrss) over the resident set before the run: coarser (it sees every allocation, and
-  a peak below the import's is hidden), but the same yardstick for the three.
+  a peak below the import's is hidden), but the same yardstick for all four.
   Targets: flash's extra memory grows linearly in T (at T=2048, at most half of one
   T x T x nh float32 matrix) and its time is at most 1.5x the naive path's.
 - GPU (``--device cuda``): the CUDA kernel against the naive path on CuPy and PyTorch's SDPA on
@@ -46,7 +47,7 @@ SHAPES = {  # B, nh, hs for each device
     "cuda": (4, 8, 64),
 }
 TS = {"cpu": (256, 1024, 2048, 4096), "cuda": (512, 1024, 2048, 4096, 8192, 16384)}
-IMPLS = {"cpu": ("naive", "flash", "torch"), "cuda": ("naive", "kernel", "torch")}
+IMPLS = {"cpu": ("naive", "dense", "flash", "torch"), "cuda": ("naive", "kernel", "torch")}
 TIME_TARGET = 1.5  # flash time / naive time on the CPU must stay under this
 MEMORY_TARGET = 0.5  # flash extra memory at T=2048, in T x T x nh float32 matrices
 KV_TOKENS, KV_PRESET, KV_BLOCK_SIZE = 500, "shakespeare-char", 512
@@ -76,7 +77,7 @@ def minigrad_step(arrays: list[np.ndarray], impl: str, device: str):
 
     q, k, v = (mg.tensor(a, requires_grad=True, device=device) for a in arrays[:3])
     grad = mg.tensor(arrays[3], device=device)
-    sdpa_impl = "flash" if impl in ("flash", "kernel") else "naive"
+    sdpa_impl = "flash" if impl in ("flash", "kernel") else impl  # naive or dense
 
     def step() -> None:
         q.grad = k.grad = v.grad = None
@@ -218,21 +219,25 @@ def cpu_table(T_values: list[int], reps: int) -> None:
             print(f"  ({impl} at T={T} failed: {r['error']})")
     threads = next((r["threads"] for r in results.values() if "threads" in r), "?")
     print(f"(torch threads: {threads}; MB = 2^20 bytes; 'TxT' = one T x T x nh float32 matrix)")
-    head = f"{'T':>6}{'naive s':>9}{'flash s':>9}{'torch s':>9}{'fl/nv':>7}{'fl/torch':>9}"
-    head += f"{'naive MB':>10}{'flash MB':>10}{'fl/TxT':>8}{'rss MB nv/fl/torch':>21}"
+    head = f"{'T':>6}{'naive s':>9}{'dense s':>9}{'flash s':>9}{'torch s':>9}"
+    head += f"{'dn/nv':>7}{'fl/nv':>7}{'fl/torch':>9}"
+    head += f"{'naive MB':>10}{'dense MB':>10}{'flash MB':>10}{'fl/TxT':>8}"
+    head += f"{'rss MB nv/dn/fl/torch':>24}"
     print(head)
     misses = []
     for T in T_values:
-        nv, fl, th = (results[(impl, T)] for impl in IMPLS["cpu"])
-        if any("error" in r for r in (nv, fl, th)):
+        nv, dn, fl, th = row = [results[(impl, T)] for impl in IMPLS["cpu"]]
+        if any("error" in r for r in row):
             continue
         matrix = T * T * nh * 4  # bytes of one float32 score matrix
-        rss = "/".join(f"{r['rss_bytes'] / 2**20:.0f}" for r in (nv, fl, th))
+        rss = "/".join(f"{r['rss_bytes'] / 2**20:.0f}" for r in row)
         ratio = fl["time_s"] / nv["time_s"]
+        times = "".join(f"{r['time_s']:>9.3f}" for r in row)
         print(
-            f"{T:>6}{nv['time_s']:>9.3f}{fl['time_s']:>9.3f}{th['time_s']:>9.3f}{ratio:>7.2f}"
+            f"{T:>6}{times}{dn['time_s'] / nv['time_s']:>7.2f}{ratio:>7.2f}"
             f"{fl['time_s'] / th['time_s']:>9.1f}{mb(nv['peak_bytes']):>10}"
-            f"{mb(fl['peak_bytes']):>10}{fl['peak_bytes'] / matrix:>8.3f}{rss:>21}"
+            f"{mb(dn['peak_bytes']):>10}{mb(fl['peak_bytes']):>10}"
+            f"{fl['peak_bytes'] / matrix:>8.3f}{rss:>24}"
         )
         if ratio > TIME_TARGET:
             misses.append(f"T={T}: flash takes {ratio:.2f}x the naive time (target {TIME_TARGET})")
@@ -303,7 +308,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed runs per point; best kept")
     parser.add_argument("--skip-kv", action="store_true", help="skip the KV cache section")
     parser.add_argument(
-        "--worker", choices=("naive", "flash", "kernel", "torch"), help=argparse.SUPPRESS
+        "--worker", choices=("naive", "dense", "flash", "kernel", "torch"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # run from anywhere

@@ -159,7 +159,7 @@ def plain_ms_per_step(step: Callable, batches: list, warmup: int, steps: int) ->
     return (time.perf_counter() - start) * 1e3 / steps
 
 
-def profile_ours(preset: str, steps: int, warmup: int) -> dict:
+def profile_ours(preset: str, steps: int, warmup: int, overrides: dict | None = None) -> dict:
     """Milliseconds per step by phase and by op, and the plain ms/step, for minigrad."""
     import minigrad as mg
     from decoder.model import Decoder
@@ -167,7 +167,7 @@ def profile_ours(preset: str, steps: int, warmup: int) -> dict:
     from minigrad.optim import AdamW, clip_grad_norm_, param_groups_for_decay
 
     reuse_freed_memory()  # as decoder.train does
-    model_cfg, train_cfg = build_configs(preset)
+    model_cfg, train_cfg = build_configs(preset, overrides)
     mg.manual_seed(train_cfg.seed)
     model = Decoder(model_cfg)
     optimizer = AdamW(
@@ -275,6 +275,7 @@ def result(
 def run_side(side: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, f"--preset={args.preset}", f"--steps={args.steps}"]
     cmd += [f"--warmup={args.warmup}", f"--side={side}"]
+    cmd += [f"--set={key}={value}" for key, value in args.set]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         if side == "torch" and "No module named 'torch'" in done.stderr:
@@ -321,13 +322,24 @@ def main() -> int:
     p.add_argument("--preset", default="shakespeare-char")
     p.add_argument("--steps", type=int, default=100, help="instrumented steps (and plain ones)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=lambda text: tuple(text.split("=", 1)),
+        metavar="FIELD=VALUE",
+        help="a config field for our side, e.g. --set attn_impl=naive to time a choice A/B",
+    )
     p.add_argument("--side", choices=("ours", "torch"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.steps < 1 or args.warmup < 0:
         p.error(f"--steps must be >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     if args.side:  # a child process: profile one side, answer one JSON line
-        profile = profile_ours if args.side == "ours" else profile_torch
-        print(json.dumps(profile(args.preset, args.steps, args.warmup)))
+        if args.side == "ours":
+            profiled = profile_ours(args.preset, args.steps, args.warmup, dict(args.set))
+        else:
+            profiled = profile_torch(args.preset, args.steps, args.warmup)
+        print(json.dumps(profiled))
         return 0
     print_table(args.preset, args.steps, run_side("ours", args), run_side("torch", args))
     return 0

@@ -205,8 +205,15 @@ def topological_order(root: Tensor) -> list[Tensor]:
     return order
 
 
-def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None:
-    """Backpropagate from ``root``: add d(root)/d(leaf) (times ``grad``) into every leaf's .grad."""
+def backward(
+    root: Tensor, grad: Any = None, retain_graph: bool = False, into: dict | None = None
+) -> None:
+    """Backpropagate from ``root``: add d(root)/d(leaf) (times ``grad``) into every leaf's .grad.
+
+    With ``into`` (a dict), the leaves' gradients go there instead, as ``{id(leaf): (leaf,
+    grad)}``, and no ``.grad`` is touched: two threads can then run backward passes through
+    graphs that share leaves (the parameters), each into its own dict, and add them up after.
+    """
     if not root.requires_grad:
         raise RuntimeError(
             "backward() on a tensor that does not require grad: no input of the computation "
@@ -225,7 +232,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
         if grad.shape != root.shape:
             raise ValueError(f"backward(): grad has shape {grad.shape}, expected {root.shape}")
     if root._ctx is None:  # a leaf: nothing to walk
-        _accumulate_leaf(root, grad)
+        _accumulate_leaf(root, grad, into)
         return
 
     grads = {id(root): grad}  # gradients of non-leaf tensors, filled as the walk reaches them
@@ -258,7 +265,7 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
             if isinstance(g, np.generic):  # NumPy math on 0-d arrays gives scalars: keep arrays
                 g = np.asarray(g)
             if t._ctx is None:
-                _accumulate_leaf(t, g)
+                _accumulate_leaf(t, g, into)
             else:
                 key = id(t)
                 # subtle: never add in place: g may be the very array another input received.
@@ -267,7 +274,13 @@ def backward(root: Tensor, grad: Any = None, retain_graph: bool = False) -> None
             ctx.release()
 
 
-def _accumulate_leaf(t: Tensor, g: Any) -> None:
+def _accumulate_leaf(t: Tensor, g: Any, into: dict | None = None) -> None:
+    if into is not None:
+        if id(t) in into:
+            into[id(t)][1][...] += g
+        else:
+            into[id(t)] = (t, g.copy())  # a copy, as below
+        return
     if t.grad is None:
         # a copy: g may be shared with another input (Add passes one array to both) or read-only
         t.grad = g.copy()

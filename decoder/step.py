@@ -15,6 +15,16 @@ micro-batch, and before clipping, so every rank clips and steps on the same numb
 precision (decoder.mixed_precision) the passes run in float16 with a scaled loss, and a step
 whose gradients overflowed is skipped.
 
+On the CPU a micro-batch runs as ``cfg.threads`` shards of its rows, each shard's forward and
+backward in its own Python thread with a one-thread BLAS (``shard_count`` says when). NumPy
+lets go of Python's lock inside every array operation, so the shards' matrix products and
+elementwise passes run on different cores at once; a multi-threaded BLAS alone parallelises
+only the products, a bit over half of a step at shakespeare-char's size. Each shard's
+mean loss is weighted by its share of the targets, so the gradients are the micro-batch's
+mean loss's, as in accumulation (equal to the unsharded ones up to float rounding: the sums
+run in another order). The backward passes write into per-thread dicts, added into
+``.grad`` in shard order after both finish: the same numbers on every run.
+
 Left out on purpose: choosing the batch and the learning rate (each trainer has its own
 generator and schedule: minigrad.optim.set_lr).
 Follows the body of nanoGPT's training loop and its ``estimate_loss``.
@@ -25,15 +35,20 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 import minigrad as mg
+from decoder.chat import IGNORE_INDEX
 from decoder.config import TrainConfig
 from decoder.data import TokenDataset
 from decoder.mixed_precision import LossScaler
 from decoder.model import Decoder
+from minigrad.autograd import backward
+from minigrad.backend import blas_threads, blas_threads_settable
+from minigrad.nn import Dropout
 from minigrad.optim import Optimizer, clip_grad_norm_
 
 if TYPE_CHECKING:  # decoder.dist imports mpi4py only when a run asks for it
@@ -92,13 +107,15 @@ def train_step(
     with passes:
         # (B, T) -> k x (B / k, T)
         for x_micro, y_micro in zip(np.split(x, k), np.split(y, k), strict=True):
+            shards = shard_count(model, cfg, y_micro, dist, scaler, loss_fn)
+            if shards > 1:
+                loss_value = _sharded_pass(model, x_micro, y_micro, shards, 1.0 / k)
+                _check_finite(loss_value, step)
+                loss_sum += loss_value
+                continue
             loss = loss_fn(model, x_micro, y_micro)  # host arrays: the model checks and moves them
             loss_value = loss.item()
-            if not math.isfinite(loss_value):
-                raise TrainingDiverged(
-                    f"the loss is {loss_value} at step {step}: training stopped before that "
-                    f"step changed the weights (try a lower --lr or a longer warmup)"
-                )
+            _check_finite(loss_value, step)
             # subtle: 1/k on each equal micro-batch makes the summed gradient the batch's mean
             loss = loss * (1.0 / k) if k > 1 else loss
             if scaler is not None:
@@ -119,6 +136,89 @@ def train_step(
     else:
         optimizer.step()
     return loss_value
+
+
+def _check_finite(loss_value: float, step: int) -> None:
+    if not math.isfinite(loss_value):
+        raise TrainingDiverged(
+            f"the loss is {loss_value} at step {step}: training stopped before that "
+            f"step changed the weights (try a lower --lr or a longer warmup)"
+        )
+
+
+def shard_count(
+    model: Decoder,
+    cfg: TrainConfig,
+    y: np.ndarray,
+    dist: DataParallel | None = None,
+    scaler: LossScaler | None = None,
+    loss_fn: LossFn = lm_loss,
+) -> int:
+    """How many threads a micro-batch with targets ``y`` runs in: ``cfg.threads`` shards
+    (at most one per row), or 1 wherever sharding could change a number or does not pay.
+
+    1 on the GPU (one stream of kernels already), under data parallelism (the ranks hold the
+    cores) and mixed precision, for a ``loss_fn`` other than ``lm_loss`` (whose mean over
+    the targets we know how to split), where the BLAS's threads cannot be held to one, for
+    a model that draws random numbers or keeps state in its forward (dropout, a mixture of
+    experts' router statistics), whose shards would race for the generator, and when a
+    shard would have no target to average over.
+
+    >>> from decoder.config import ModelConfig
+    >>> model, cfg = Decoder(ModelConfig(n_layer=1, n_head=2, n_embd=8)), TrainConfig(threads=2)
+    >>> n = shard_count(model, cfg, np.zeros((4, 8), dtype=np.int64))
+    >>> n == (2 if blas_threads_settable() else 1)
+    True
+    """
+    n = min(cfg.threads, len(y))
+    if n < 2 or dist is not None or scaler is not None or loss_fn is not lm_loss:
+        return 1
+    if model.device != "cpu" or model.config.ffn == "moe" or not blas_threads_settable():
+        return 1
+    if model.training and any(m.p > 0 for m in model.modules() if isinstance(m, Dropout)):
+        return 1
+    if model.training and model.config.dropout > 0:  # attention dropout, drawn in the op
+        return 1
+    if any(not (shard != IGNORE_INDEX).any() for shard in np.array_split(y, n)):
+        return 1
+    return n
+
+
+_pool: ThreadPoolExecutor | None = None  # the shards' worker threads, made on first use
+
+
+def _sharded_pass(model: Decoder, x: np.ndarray, y: np.ndarray, n: int, scale: float) -> float:
+    """Forward and backward of one micro-batch as ``n`` row shards in ``n`` threads, adding
+    ``scale`` times its gradients into ``.grad``; returns its mean loss."""
+    global _pool
+    if _pool is None or _pool._max_workers < n - 1:
+        _pool = ThreadPoolExecutor(n - 1, thread_name_prefix="decoder-shard")
+    xs, ys = np.array_split(x, n), np.array_split(y, n)  # (B, T) -> n x (about B / n, T)
+    counts = [int((shard != IGNORE_INDEX).sum()) for shard in ys]  # each shard's mean is over
+    weights = [c / sum(counts) for c in counts]  # its own targets: weight it by their share
+    sinks = [None] + [{} for _ in range(n - 1)]  # shard 0 adds into .grad directly
+
+    def run(i: int) -> float:
+        loss = lm_loss(model, xs[i], ys[i])
+        value = loss.item()
+        if math.isfinite(value):  # else the caller raises, before any optimiser step
+            backward(loss * (weights[i] * scale), into=sinks[i])
+        return value
+
+    with blas_threads(1):  # one core per shard's products, or the BLAS pools fight
+        others = [_pool.submit(run, i) for i in range(1, n)]
+        try:
+            first = run(0)
+        finally:  # never leave a shard running past this step, even when one fails
+            wait(others)
+        values = [first] + [f.result() for f in others]
+    for sink in sinks[1:]:  # in shard order: the same sums on every run
+        for t, g in sink.values():
+            if t.grad is None:
+                t.grad = g
+            else:
+                t.grad += g
+    return sum(w * v for w, v in zip(weights, values, strict=True))
 
 
 @mg.no_grad()

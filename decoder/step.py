@@ -47,7 +47,7 @@ from decoder.data import TokenDataset
 from decoder.mixed_precision import LossScaler
 from decoder.model import Decoder
 from minigrad.autograd import backward
-from minigrad.backend import blas_threads, blas_threads_settable
+from minigrad.backend import blas_threads, blas_threads_settable, cpu_count
 from minigrad.nn import Dropout
 from minigrad.optim import Optimizer, clip_grad_norm_
 
@@ -205,6 +205,10 @@ def _sharded_pass(model: Decoder, x: np.ndarray, y: np.ndarray, n: int, scale: f
             backward(loss * (weights[i] * scale), into=sinks[i])
         return value
 
+    if cpu_count() < n:  # the same shards one after another: the same numbers, no contention
+        values = [run(i) for i in range(n)]
+        _add_sinks(sinks[1:])
+        return sum(w * v for w, v in zip(weights, values, strict=True))
     with blas_threads(1):  # one core per shard's products, or the BLAS pools fight
         others = [_pool.submit(run, i) for i in range(1, n)]
         try:
@@ -212,13 +216,19 @@ def _sharded_pass(model: Decoder, x: np.ndarray, y: np.ndarray, n: int, scale: f
         finally:  # never leave a shard running past this step, even when one fails
             wait(others)
         values = [first] + [f.result() for f in others]
-    for sink in sinks[1:]:  # in shard order: the same sums on every run
+    _add_sinks(sinks[1:])
+    return sum(w * v for w, v in zip(weights, values, strict=True))
+
+
+def _add_sinks(sinks: list[dict]) -> None:
+    """Add each shard's gradients (``backward(into=...)``'s dicts) into ``.grad``, in shard
+    order: the same sums on every run."""
+    for sink in sinks:
         for t, g in sink.values():
             if t.grad is None:
                 t.grad = g
             else:
                 t.grad += g
-    return sum(w * v for w, v in zip(weights, values, strict=True))
 
 
 @mg.no_grad()

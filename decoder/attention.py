@@ -6,8 +6,9 @@
 (n_kv_head = n_head is multi-head attention, 1 is multi-query, anything between is
 grouped-query), applies RoPE or ALiBi when the layer's position scheme is one of those, and
 calls ``F.scaled_dot_product_attention`` (minigrad/functional/attention.py), which holds the
-math and both implementations (naive and flash). Learned and sinusoidal positions are added
-to the embeddings by the model, so for those (and "none") this layer sees no positions.
+math and its three implementations (naive, dense and flash). Learned and sinusoidal
+positions are added to the embeddings by the model, so for those (and "none") this layer
+sees no positions.
 
 ``KVCache`` keeps the keys and values of the tokens already seen, so generation feeds one new
 token per step instead of the whole context: the new token's query attends over the cached

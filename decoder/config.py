@@ -59,7 +59,7 @@ class ModelConfig:
     qkv_bias: bool = False  # biases on W_Q, W_K, W_V even where `bias` is off (Qwen2)
     norm_eps: float | None = None  # added to the norms' variance; None: 1e-5 layer, 1e-6 rms
     tie_weights: bool = True  # lm_head shares the token embedding matrix (Press & Wolf 2017)
-    attn_impl: str = "auto"  # "naive", "flash" or "auto" (see F.scaled_dot_product_attention)
+    attn_impl: str = "auto"  # "naive", "dense", "flash" or "auto" (F.scaled_dot_product_attention)
     window: int | None = None  # sliding-window attention (Mistral): each token sees its last W
     window_pattern: str = "W"  # per layer, repeated: W windowed, F full ("WF" alternates them)
     attention: str = "mha"  # "mha": heads from wq, wk, wv (GQA by n_kv_head); "mla": DeepSeek-V2
@@ -392,8 +392,8 @@ def _check_mla(config: ModelConfig) -> None:
         "bias": (config.bias or config.qkv_bias, "bias=False and qkv_bias=False"),
         "n_kv_head": (config.n_kv_head != config.n_head, "n_kv_head=None (every head reads "
                       "the one shared latent)"),
-        "attn_impl": (config.attn_impl == "flash", "attn_impl='auto' or 'naive' (no flash "
-                      "path: its keys and values have different widths)"),
+        "attn_impl": (config.attn_impl in ("dense", "flash"), "attn_impl='auto' or 'naive' "
+                      "(MLA computes its own scores, from the latent and the rotary parts)"),
     }  # fmt: skip
     for name, (bad, fix) in refused.items():
         if bad:

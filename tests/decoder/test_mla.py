@@ -153,6 +153,7 @@ def test_cache_floats_per_token_against_mha_and_gqa():
         (dict(bias=True), "does not take this bias"),
         (dict(n_kv_head=2), "does not take this n_kv_head"),
         (dict(attn_impl="flash"), "does not take this attn_impl"),
+        (dict(attn_impl="dense"), "does not take this attn_impl"),
         (dict(kv_lora_rank=0), r"kv_lora_rank must be a finite int in \[1, inf\)"),
         (dict(attention="latent"), "attention='latent' is not one of"),
     ],

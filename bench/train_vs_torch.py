@@ -6,6 +6,7 @@ with the same recipe, each in its own process, and compare losses, speed and pea
     python bench/train_vs_torch.py --preset shakespeare-char-modern  # RoPE, RMSNorm, SwiGLU, GQA
     python bench/train_vs_torch.py --device cuda                     # baby-gpt on the GPU
     python bench/train_vs_torch.py --seeds 1337,1,2,3,4              # five seeds, and medians
+    python bench/train_vs_torch.py --iters 200 --repeat 5            # five timed runs a side
 
 The reference is nanoGPT's model.py and train.py as a user runs them on the CPU (fused qkv,
 SDPA, its AdamW set-up, torch's default threads), so its speed is nanoGPT's own. Both sides
@@ -24,6 +25,13 @@ seeds spread it over about 0.05, much more than the engines differ. ``--seeds`` 
 sides once per seed and compares the medians, which is the fair comparison with a number
 such as nanoGPT's 1.88 (itself one seed's run).
 
+Wall-clock time is noisier still: on a small shared machine the same run's speed moves by
+20-30% from one run to the next. ``--repeat N`` trains each side N times per seed, in turns
+(ours, torch, ours, torch, ...), and compares the medians; it also prints each round's ratio
+(adjacent runs share the machine's state, so their ratio is steadier than either speed). A
+repeat trains on the same seed and data, so its losses must equal the first run's: the
+output checks it.
+
 Separate processes keep each side's thread pools and memory to itself, and let the torch
 side import torch while ours never does.
 """
@@ -40,6 +48,8 @@ import sys
 import tempfile
 from pathlib import Path
 from statistics import median
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
@@ -150,7 +160,12 @@ def run_side(args: argparse.Namespace) -> dict:
 
         with tempfile.TemporaryDirectory() as out:
             result = train(model_cfg, train_cfg, text, out, progress=not args.quiet)
-        return {**{k: result[k] for k in keys}, "peak_rss_mb": peak_rss_mb()}
+        peak = peak_rss_mb()  # before our_shards builds a model of its own
+        return {
+            **{k: result[k] for k in keys},
+            "peak_rss_mb": peak,
+            **our_shards(model_cfg, train_cfg),
+        }
 
     from torch_reference import get_lr, train_reference  # beside this file
 
@@ -179,74 +194,194 @@ def run_side(args: argparse.Namespace) -> dict:
     }
 
 
-def train_both(args: argparse.Namespace, seed: int) -> dict:
-    """Train each side in a child process with this seed; their results by side."""
-    results = {}
+def our_shards(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
+    """Our side's CPU threading: the ``threads`` setting of its TrainConfig, the shards a
+    training micro-batch of this run really splits into (decoder.step.shard_count: 1 where
+    sharding is off, e.g. under dropout or on the GPU) and the cores this process may use."""
+    from decoder.model import Decoder
+    from decoder.step import shard_count
+    from minigrad.backend import cpu_count
+
+    shards = 1
+    if train_cfg.device == "cpu":
+        y = np.zeros((train_cfg.batch_size, model_cfg.block_size), dtype=np.int64)
+        shards = shard_count(Decoder(model_cfg), train_cfg, y)  # a fresh model trains
+    return {"threads": train_cfg.threads, "shards": shards, "cpus": cpu_count()}
+
+
+def threads_line(ours: dict) -> str:
+    """How our side ran its CPU threads, from one of its results (``our_shards``'s keys).
+
+    >>> threads_line({"threads": 2, "shards": 2, "cpus": 2})
+    'ours: threads=2 (row shards), one BLAS thread each'
+    >>> threads_line({"threads": 2, "shards": 2, "cpus": 1})
+    'ours: threads=2 (row shards), one after another on 1 core(s)'
+    >>> threads_line({"threads": 2, "shards": 1, "cpus": 2})
+    'ours: threads=2, not sharded in this run (shard_count 1), default BLAS threads'
+    """
+    if ours["shards"] < 2:
+        return (
+            f"ours: threads={ours['threads']}, not sharded in this run"
+            " (shard_count 1), default BLAS threads"
+        )
+    if ours["cpus"] < ours["shards"]:
+        return (
+            f"ours: threads={ours['threads']} (row shards),"
+            f" one after another on {ours['cpus']} core(s)"
+        )
+    return f"ours: threads={ours['threads']} (row shards), one BLAS thread each"
+
+
+def run_one(args: argparse.Namespace, seed: int, side: str) -> dict:
+    """Train one side in a child process with this seed; its result."""
     forwarded = [f"--preset={args.preset}", f"--iters={args.iters}", f"--device={args.device}"]
     forwarded += [f"--data={args.data}"] if args.data else []
     forwarded += [f"--eval-interval={args.eval_interval}"] if args.eval_interval else []
     forwarded += ["--quiet"] if args.quiet else []
-    for side in ("ours", "torch"):
-        print(
-            f"== {side}: {args.preset}, {args.iters} steps, seed {seed}, {args.device}", flush=True
-        )
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            path = f.name
-        cmd = [
-            sys.executable,
-            __file__,
-            *forwarded,
-            f"--seed={seed}",
-            "--side",
-            side,
-            "--result",
-            path,
-        ]
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        results[side] = json.loads(Path(path).read_text())
-        os.unlink(path)
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    cmd = [sys.executable, __file__, *forwarded, f"--seed={seed}", "--side", side]
+    subprocess.run(
+        [*cmd, "--result", path], check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    result = json.loads(Path(path).read_text())
+    os.unlink(path)
+    return result
+
+
+def train_both(args: argparse.Namespace, seed: int) -> dict[str, list[dict]]:
+    """Train each side ``args.repeat`` times with this seed, in turns (ours, torch, ours, ...)
+    so that both see the machine's slow and quiet spells alike; their results by side."""
+    results = {"ours": [], "torch": []}
+    for i in range(args.repeat):
+        for side in results:
+            round_ = f", run {i + 1} of {args.repeat}" if args.repeat > 1 else ""
+            print(
+                f"== {side}: {args.preset}, {args.iters} steps, seed {seed}, {args.device}{round_}",
+                flush=True,
+            )
+            results[side].append(run_one(args, seed, side))
     return results
 
 
-def report(args: argparse.Namespace, runs: dict[int, dict]) -> None:
-    """Print the losses and speeds, then time per step and memory, the loss agreement, the
-    recipe's differences from nanoGPT's and the targets."""
+def ms_per_step(result: dict) -> float:
+    """Milliseconds per training step of one run (its evaluations excluded)."""
+    return 1e3 * result["time_s"] / len(result["losses"])
+
+
+def summarize(results: list[dict]) -> dict:
+    """One side's repeats of one seed, as one result: the first run's losses, the median
+    tokens/s and ms/step with their (min, max), the largest peak RSS, and ``loss_spread``,
+    the largest difference of any loss from the first run's (0.0: the runs agree).
+
+    >>> run = {"train_loss": 2.0, "val_loss": 2.1, "losses": [4.0, 3.0], "peak_rss_mb": 100.0}
+    >>> s = summarize([{**run, "tokens_per_s": t, "time_s": 2 / t} for t in (1.0, 3.0, 2.0)])
+    >>> s["tokens_per_s"], s["tokens_per_s_range"], s["ms_per_step"], s["loss_spread"]
+    (2.0, (1.0, 3.0), 500.0, 0.0)
+    """
+    first = results[0]
+    speeds, ms = [r["tokens_per_s"] for r in results], [ms_per_step(r) for r in results]
+
+    def losses(r: dict) -> list[float]:
+        return [r["train_loss"], r["val_loss"], *r["losses"]]
+
+    spread = max(abs(a - b) for r in results for a, b in zip(losses(r), losses(first), strict=True))
+    return {
+        **first,
+        "tokens_per_s": median(speeds),
+        "tokens_per_s_range": (min(speeds), max(speeds)),
+        "ms_per_step": median(ms),
+        "ms_per_step_range": (min(ms), max(ms)),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+        "loss_spread": spread,
+    }
+
+
+def round_ratios(results: dict[str, list[dict]]) -> list[float]:
+    """Each round's throughput ratio, ours over torch: run i of each side ran back to back.
+
+    >>> round_ratios({"ours": [{"tokens_per_s": 90.0}], "torch": [{"tokens_per_s": 100.0}]})
+    [0.9]
+    """
+    pairs = zip(results["ours"], results["torch"], strict=True)
+    return [ours["tokens_per_s"] / ref["tokens_per_s"] for ours, ref in pairs]
+
+
+def report(args: argparse.Namespace, runs: dict[int, dict[str, list[dict]]]) -> None:
+    """Print the losses and speeds (each side's median over its repeats), then time per step
+    and memory, the repeats' agreement and per-round ratios, the loss agreement between the
+    sides, the recipe's differences from nanoGPT's and the targets."""
     sides = (("minigrad", "ours"), ("pytorch", "torch"))  # bench/gpu_check.py reads these rows
-    print(f"\n{args.preset}, {args.iters} steps, {args.device}")
+    repeat = len(next(iter(runs.values()))["ours"])
+    summary = {seed: {side: summarize(r[side]) for _, side in sides} for seed, r in runs.items()}
+    medians = " (medians of each side's runs)" if repeat > 1 else ""
+    print(f"\n{args.preset}, {args.iters} steps, {args.device}{medians}")
     print(f"{'seed':>6}  {'':10}{'train loss':>12}{'val loss':>12}{'tokens/s':>12}")
-    for seed, results in runs.items():
+    for seed, results in summary.items():
         for name, side in sides:
             r = results[side]
             print(
                 f"{seed:>6}  {name:10}{r['train_loss']:12.4f}{r['val_loss']:12.4f}"
                 f"{r['tokens_per_s']:12,.0f}"
             )
-    val = {side: median([r[side]["val_loss"] for r in runs.values()]) for _, side in sides}
-    speed = {side: median([r[side]["tokens_per_s"] for r in runs.values()]) for _, side in sides}
+    val = {side: median([r[side]["val_loss"] for r in summary.values()]) for _, side in sides}
+    speed = {side: median([r[side]["tokens_per_s"] for r in summary.values()]) for _, side in sides}
     if len(runs) > 1:
         print(f"{'median':>6}  {'minigrad':10}{'':12}{val['ours']:12.4f}{speed['ours']:12,.0f}")
         print(f"{'':>6}  {'pytorch':10}{'':12}{val['torch']:12.4f}{speed['torch']:12,.0f}")
     ratio = speed["ours"] / speed["torch"]
     print(f"throughput ratio minigrad / pytorch: {ratio:.2f}")
 
-    print(f"\n{'seed':>6}  {'':10}{'ms/step':>12}{'peak RSS MB':>14}")
-    for seed, results in runs.items():
+    ranges = f"{'tokens/s min-max':>20}{'ms/step min-max':>18}" if repeat > 1 else ""
+    print(f"\n{'seed':>6}  {'':10}{'ms/step':>12}{'peak RSS MB':>14}{ranges}")
+    for seed, results in summary.items():
         for name, side in sides:
             r = results[side]
-            ms = 1e3 * r["time_s"] / len(r["losses"])
-            print(f"{seed:>6}  {name:10}{ms:12.1f}{r['peak_rss_mb']:14.0f}")
-    threads = {r["torch"]["threads"] for r in runs.values()}
+            row = f"{seed:>6}  {name:10}{r['ms_per_step']:12.1f}{r['peak_rss_mb']:14.0f}"
+            if repeat > 1:
+                (t_lo, t_hi), (m_lo, m_hi) = r["tokens_per_s_range"], r["ms_per_step_range"]
+                row += f"{f'{t_lo:,.0f}-{t_hi:,.0f}':>20}{f'{m_lo:.1f}-{m_hi:.1f}':>18}"
+            print(row)
+    threads = {r["torch"]["threads"] for r in summary.values()}
     print(f"the reference ran on {', '.join(map(str, sorted(threads)))} torch thread(s)")
+    ours_threads = {threads_line(run) for r in runs.values() for run in r["ours"]}
+    print("; ".join(sorted(ours_threads)))
+
+    if repeat > 1:
+        print(f"\neach side ran {repeat} times per seed, in turns (ours, torch, ours, ...)")
+        all_ratios = []
+        for seed, results in runs.items():
+            ratios = round_ratios(results)
+            all_ratios += ratios
+            print(
+                f"per-round ratio minigrad / pytorch, seed {seed}: "
+                f"{' '.join(f'{x:.2f}' for x in ratios)} (median {median(ratios):.2f})"
+            )
+        if len(runs) > 1:
+            print(f"median per-round ratio over all seeds: {median(all_ratios):.2f}")
+        spread = {
+            (name, seed): summary[seed][side]["loss_spread"]
+            for seed in summary
+            for name, side in sides
+        }
+        worst = max(spread, key=spread.get)
+        if spread[worst] == 0:
+            print("losses identical across the repeats of each side")
+        else:
+            print(
+                f"losses differ across the repeats of one side by up to {spread[worst]:.2e}"
+                f" ({worst[0]}, seed {worst[1]})"
+            )
 
     gaps = []
-    for results in runs.values():
+    for results in summary.values():
         ours, ref = results["ours"]["losses"], results["torch"]["losses"]
         n = min(FIRST_STEPS, len(ours))
         gaps.append(max(abs(a - b) for a, b in zip(ours[:n], ref[:n], strict=True)))
     print(f"largest loss difference over the first {n} steps: {max(gaps):.2e}")
 
     if args.preset in NANOGPT:
-        gelu = next(iter(runs.values()))["torch"]["our_gelu"]
+        gelu = next(iter(summary.values()))["torch"]["our_gelu"]
         differences = recipe_differences(args.preset, gelu)
         if differences:
             print("our preset differs from nanoGPT's recipe (the reference follows nanoGPT):")
@@ -260,9 +395,9 @@ def report(args: argparse.Namespace, runs: dict[int, dict]) -> None:
         print(f"the reference leaves out nanoGPT's {GPU_DEPARTURES}")
 
     if args.device == "cpu":
-        verdicts = [
-            f"throughput ratio >= {TARGET_RATIO}: {'met' if ratio >= TARGET_RATIO else 'missed'}"
-        ]
+        which = "throughput ratio" + (" of the medians" if repeat > 1 else "")
+        met = "met" if ratio >= TARGET_RATIO else "missed"
+        verdicts = [f"{which} >= {TARGET_RATIO}: {met}"]
         if (args.preset, args.iters) == ("shakespeare-char", 2000):
             which = "median val loss" if len(runs) > 1 else "val loss"
             met = val["ours"] <= TARGET_VAL_LOSS
@@ -282,6 +417,9 @@ def main() -> int:
     p.add_argument(
         "--seeds", default=None, help="comma-separated seeds, e.g. 1337,1,2 (default: the preset's)"
     )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="runs of each side per seed, in turns (default 1)"
+    )
     p.add_argument("--quiet", action="store_true", help="no per-evaluation lines")
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     p.add_argument("--side", choices=("ours", "torch"), help=argparse.SUPPRESS)
@@ -298,6 +436,8 @@ def main() -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [preset_train.seed]
     except ValueError:
         p.error(f"--seeds takes comma-separated integers such as 1337,1,2, got {args.seeds!r}")
+    if args.repeat < 1:
+        p.error(f"--repeat takes a count of at least 1, got {args.repeat}")
 
     report(args, {seed: train_both(args, seed) for seed in seeds})
     return 0

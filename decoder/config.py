@@ -149,7 +149,7 @@ class ModelConfig:
 class TrainConfig:
     batch_size: int = 12  # sequences per micro-batch (per rank under --ddp)
     grad_accum_steps: int = 1  # micro-batches summed into each optimiser step
-    threads: int = 2  # CPU: each micro-batch runs as this many shards in parallel threads
+    shards: int = 2  # CPU: each micro-batch runs as this many row shards, one process each
     max_iters: int = 2000  # optimiser steps
     lr: float = 1e-3  # peak learning rate, reached after warmup
     min_lr: float = 1e-4  # the floor of the cosine decay (lr / 10, as Chinchilla suggests)
@@ -333,7 +333,7 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     **dict.fromkeys(("n_embd", "ffn_hidden", "batch_size", "max_iters"), AT_LEAST_1),
     **dict.fromkeys(("n_experts", "top_k", "moe_hidden"), AT_LEAST_1),
     **dict.fromkeys(("n_shared_experts", "moe_aux_weight"), AT_LEAST_0),
-    **dict.fromkeys(("grad_accum_steps", "threads"), AT_LEAST_1),
+    **dict.fromkeys(("grad_accum_steps", "shards"), AT_LEAST_1),
     **dict.fromkeys(("lr_decay_iters", "eval_interval", "eval_iters", "log_interval"), AT_LEAST_1),
     **dict.fromkeys(("lr", "min_lr", "warmup_iters", "weight_decay"), AT_LEAST_0),
     **dict.fromkeys(("grad_clip", "sample_tokens"), AT_LEAST_0),

@@ -15,15 +15,15 @@ micro-batch, and before clipping, so every rank clips and steps on the same numb
 precision (decoder.mixed_precision) the passes run in float16 with a scaled loss, and a step
 whose gradients overflowed is skipped.
 
-On the CPU a micro-batch runs as ``cfg.threads`` shards of its rows, each shard's forward and
-backward in its own Python thread with a one-thread BLAS (``shard_count`` says when). NumPy
-lets go of Python's lock inside every array operation, so the shards' matrix products and
-elementwise passes run on different cores at once; a multi-threaded BLAS alone parallelises
-only the products, a bit over half of a step at shakespeare-char's size. Each shard's
-mean loss is weighted by its share of the targets, so the gradients are the micro-batch's
-mean loss's, as in accumulation (equal to the unsharded ones up to float rounding: the sums
-run in another order). The backward passes write into per-thread dicts, added into
-``.grad`` in shard order after both finish: the same numbers on every run.
+On the CPU a micro-batch runs as ``cfg.shards`` shards of its rows, shard 0 here and each
+other one in a worker process with the same model (decoder/shards.py; ``shard_count`` says
+when), each on one core with a one-thread BLAS: every part of the step then runs on every
+core, where a multi-threaded BLAS parallelises only the matrix products, a bit over half of
+a step at shakespeare-char's size. Each shard's mean loss is weighted by its share of the
+targets, so the gradients are the micro-batch's mean loss's, as in accumulation (equal to
+the unsharded ones up to float rounding: the sums run in another order), and they are added
+into ``.grad`` in shard order: the same numbers on every run, and with fewer cores than
+shards (the shards then run one after another here).
 
 Left out on purpose: choosing the batch and the learning rate (each trainer has its own
 generator and schedule: minigrad.optim.set_lr).
@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,8 +45,9 @@ from decoder.config import TrainConfig
 from decoder.data import TokenDataset
 from decoder.mixed_precision import LossScaler
 from decoder.model import Decoder
+from decoder.shards import fork_available, workers_for
 from minigrad.autograd import backward
-from minigrad.backend import blas_threads, blas_threads_settable, cpu_count
+from minigrad.backend import blas_threads_settable, cpu_count
 from minigrad.nn import Dropout
 from minigrad.optim import Optimizer, clip_grad_norm_
 
@@ -154,23 +154,23 @@ def shard_count(
     scaler: LossScaler | None = None,
     loss_fn: LossFn = lm_loss,
 ) -> int:
-    """How many threads a micro-batch with targets ``y`` runs in: ``cfg.threads`` shards
-    (at most one per row), or 1 wherever sharding could change a number or does not pay.
+    """How many row shards a micro-batch with targets ``y`` runs as: ``cfg.shards`` (at most
+    one per row), or 1 wherever sharding could change a number or does not pay.
 
     1 on the GPU (one stream of kernels already), under data parallelism (the ranks hold the
     cores) and mixed precision, for a ``loss_fn`` other than ``lm_loss`` (whose mean over
     the targets we know how to split), where the BLAS's threads cannot be held to one, for
     a model that draws random numbers or keeps state in its forward (dropout, a mixture of
-    experts' router statistics), whose shards would race for the generator, and when a
+    experts' router statistics), whose shards would draw other numbers, and when a
     shard would have no target to average over.
 
     >>> from decoder.config import ModelConfig
-    >>> model, cfg = Decoder(ModelConfig(n_layer=1, n_head=2, n_embd=8)), TrainConfig(threads=2)
+    >>> model, cfg = Decoder(ModelConfig(n_layer=1, n_head=2, n_embd=8)), TrainConfig(shards=2)
     >>> n = shard_count(model, cfg, np.zeros((4, 8), dtype=np.int64))
     >>> n == (2 if blas_threads_settable() else 1)
     True
     """
-    n = min(cfg.threads, len(y))
+    n = min(cfg.shards, len(y))
     if n < 2 or dist is not None or scaler is not None or loss_fn is not lm_loss:
         return 1
     if model.device != "cpu" or model.config.ffn == "moe" or not blas_threads_settable():
@@ -184,51 +184,27 @@ def shard_count(
     return n
 
 
-_pool: ThreadPoolExecutor | None = None  # the shards' worker threads, made on first use
-
-
 def _sharded_pass(model: Decoder, x: np.ndarray, y: np.ndarray, n: int, scale: float) -> float:
-    """Forward and backward of one micro-batch as ``n`` row shards in ``n`` threads, adding
-    ``scale`` times its gradients into ``.grad``; returns its mean loss."""
-    global _pool
-    if _pool is None or _pool._max_workers < n - 1:
-        _pool = ThreadPoolExecutor(n - 1, thread_name_prefix="decoder-shard")
+    """Forward and backward of one micro-batch as ``n`` row shards, in worker processes
+    (decoder/shards.py) where there are enough cores, else one after another here; adds
+    ``scale`` times its gradients into ``.grad`` and returns its mean loss."""
     xs, ys = np.array_split(x, n), np.array_split(y, n)  # (B, T) -> n x (about B / n, T)
     counts = [int((shard != IGNORE_INDEX).sum()) for shard in ys]  # each shard's mean is over
     weights = [c / sum(counts) for c in counts]  # its own targets: weight it by their share
-    sinks = [None] + [{} for _ in range(n - 1)]  # shard 0 adds into .grad directly
-
-    def run(i: int) -> float:
-        loss = lm_loss(model, xs[i], ys[i])
-        value = loss.item()
-        if math.isfinite(value):  # else the caller raises, before any optimiser step
-            backward(loss * (weights[i] * scale), into=sinks[i])
-        return value
-
-    if cpu_count() < n:  # the same shards one after another: the same numbers, no contention
-        values = [run(i) for i in range(n)]
-        _add_sinks(sinks[1:])
-        return sum(w * v for w, v in zip(weights, values, strict=True))
-    with blas_threads(1):  # one core per shard's products, or the BLAS pools fight
-        others = [_pool.submit(run, i) for i in range(1, n)]
-        try:
-            first = run(0)
-        finally:  # never leave a shard running past this step, even when one fails
-            wait(others)
-        values = [first] + [f.result() for f in others]
-    _add_sinks(sinks[1:])
+    scales = [w * scale for w in weights]
+    if cpu_count() >= n and fork_available():
+        values = workers_for(model, n, lm_loss).run(xs, ys, scales)
+    else:  # the same shards one after another: the same numbers, added in the same order
+        values = []
+        for i in range(n):
+            loss = lm_loss(model, xs[i], ys[i])
+            values.append(loss.item())
+            if math.isfinite(values[-1]):  # else the caller raises, before any optimiser step
+                sink: dict = {}
+                backward(loss * scales[i], into=sink)
+                for t, g in sink.values():
+                    t.grad = g if t.grad is None else t.grad + g
     return sum(w * v for w, v in zip(weights, values, strict=True))
-
-
-def _add_sinks(sinks: list[dict]) -> None:
-    """Add each shard's gradients (``backward(into=...)``'s dicts) into ``.grad``, in shard
-    order: the same sums on every run."""
-    for sink in sinks:
-        for t, g in sink.values():
-            if t.grad is None:
-                t.grad = g
-            else:
-                t.grad += g
 
 
 @mg.no_grad()

@@ -156,11 +156,13 @@ def run_side(args: argparse.Namespace) -> dict:
     model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
     keys = ("train_loss", "val_loss", "tokens_per_s", "time_s", "losses")
     if args.side == "ours":
+        from decoder.shards import workers_peak_rss_bytes
         from decoder.train import train  # it calls reuse_freed_memory() itself
 
         with tempfile.TemporaryDirectory() as out:
             result = train(model_cfg, train_cfg, text, out, progress=not args.quiet)
         peak = peak_rss_mb()  # before our_shards builds a model of its own
+        peak += workers_peak_rss_bytes() / 1e6  # the shard workers', shared pages twice
         return {
             **{k: result[k] for k in keys},
             "peak_rss_mb": peak,
@@ -195,7 +197,7 @@ def run_side(args: argparse.Namespace) -> dict:
 
 
 def our_shards(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
-    """Our side's CPU threading: the ``threads`` setting of its TrainConfig, the shards a
+    """Our side's use of the cores: the ``shards`` setting of its TrainConfig, the shards a
     training micro-batch of this run really splits into (decoder.step.shard_count: 1 where
     sharding is off, e.g. under dropout or on the GPU) and the cores this process may use."""
     from decoder.model import Decoder
@@ -206,30 +208,29 @@ def our_shards(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     if train_cfg.device == "cpu":
         y = np.zeros((train_cfg.batch_size, model_cfg.block_size), dtype=np.int64)
         shards = shard_count(Decoder(model_cfg), train_cfg, y)  # a fresh model trains
-    return {"threads": train_cfg.threads, "shards": shards, "cpus": cpu_count()}
+    return {"shards_setting": train_cfg.shards, "shards": shards, "cpus": cpu_count()}
 
 
-def threads_line(ours: dict) -> str:
-    """How our side ran its CPU threads, from one of its results (``our_shards``'s keys).
+def shards_line(ours: dict) -> str:
+    """How our side used the cores, from one of its results (``our_shards``'s keys).
 
-    >>> threads_line({"threads": 2, "shards": 2, "cpus": 2})
-    'ours: threads=2 (row shards), one BLAS thread each'
-    >>> threads_line({"threads": 2, "shards": 2, "cpus": 1})
-    'ours: threads=2 (row shards), one after another on 1 core(s)'
-    >>> threads_line({"threads": 2, "shards": 1, "cpus": 2})
-    'ours: threads=2, not sharded in this run (shard_count 1), default BLAS threads'
+    >>> shards_line({"shards_setting": 2, "shards": 2, "cpus": 2})
+    'ours: shards=2 (row shards in 2 processes), one BLAS thread each'
+    >>> shards_line({"shards_setting": 2, "shards": 2, "cpus": 1})
+    'ours: shards=2 (row shards), one after another on 1 core(s)'
+    >>> shards_line({"shards_setting": 2, "shards": 1, "cpus": 2})
+    'ours: shards=2, not sharded in this run (shard_count 1), default BLAS threads'
     """
+    setting = ours["shards_setting"]
     if ours["shards"] < 2:
         return (
-            f"ours: threads={ours['threads']}, not sharded in this run"
-            " (shard_count 1), default BLAS threads"
+            f"ours: shards={setting}, not sharded in this run (shard_count 1), default BLAS threads"
         )
     if ours["cpus"] < ours["shards"]:
-        return (
-            f"ours: threads={ours['threads']} (row shards),"
-            f" one after another on {ours['cpus']} core(s)"
-        )
-    return f"ours: threads={ours['threads']} (row shards), one BLAS thread each"
+        return f"ours: shards={setting} (row shards), one after another on {ours['cpus']} core(s)"
+    return (
+        f"ours: shards={setting} (row shards in {ours['shards']} processes), one BLAS thread each"
+    )
 
 
 def run_one(args: argparse.Namespace, seed: int, side: str) -> dict:
@@ -344,7 +345,7 @@ def report(args: argparse.Namespace, runs: dict[int, dict[str, list[dict]]]) -> 
             print(row)
     threads = {r["torch"]["threads"] for r in summary.values()}
     print(f"the reference ran on {', '.join(map(str, sorted(threads)))} torch thread(s)")
-    ours_threads = {threads_line(run) for r in runs.values() for run in r["ours"]}
+    ours_threads = {shards_line(run) for r in runs.values() for run in r["ours"]}
     print("; ".join(sorted(ours_threads)))
 
     if repeat > 1:

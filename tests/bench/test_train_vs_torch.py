@@ -82,7 +82,7 @@ def _run(tokens_per_s: float, side: str = "ours", losses=(4.0, 3.5, 3.0)) -> dic
         "peak_rss_mb": 150.0,
     }
     if side == "ours":
-        return {**result, "threads": 2, "shards": 2, "cpus": 2}
+        return {**result, "shards_setting": 2, "shards": 2, "cpus": 2}
     return {**result, "threads": 2, "our_gelu": "none", "peak_rss_mb": 400.0}
 
 
@@ -111,7 +111,7 @@ def test_one_run_prints_the_rows_gpu_check_reads_and_no_repeat_lines(capsys):
     rows = re.findall(r"^ *\d+ +(minigrad|pytorch) +[\d.]+ +([\d.]+) +([\d,]+) *$", out, re.M)
     assert [r[0] for r in rows] == ["minigrad", "pytorch"]  # bench/gpu_check.py's pattern
     assert "throughput ratio minigrad / pytorch: 0.95" in out
-    assert "ours: threads=2 (row shards), one BLAS thread each" in out
+    assert "ours: shards=2 (row shards in 2 processes), one BLAS thread each" in out
     assert "the reference ran on 2 torch thread(s)" in out
     assert "per-round" not in out and "repeats" not in out and "min-max" not in out
     assert "targets: throughput ratio >= 0.9: met" in out
@@ -133,23 +133,24 @@ def test_repeats_report_medians_per_round_ratios_and_identical_losses(capsys):
 def test_repeats_whose_losses_differ_are_flagged(capsys):
     ours = [_run(100.0), _run(100.0)]
     torch = [_run(100.0, "torch"), _run(100.0, "torch", losses=(4.0, 3.5, 3.001))]
-    out = _report(capsys, {1: {"ours": ours, "torch": torch}, 2: {"ours": ours, "torch": ours}})
+    steady = [_run(100.0, "torch"), _run(100.0, "torch")]
+    out = _report(capsys, {1: {"ours": ours, "torch": torch}, 2: {"ours": ours, "torch": steady}})
     assert "losses differ across the repeats of one side by up to 1.00e-03 (pytorch, seed 1)" in out
     assert "median per-round ratio over all seeds: 1.00" in out
 
 
-def test_threads_line_says_when_our_side_did_not_shard():
-    assert bench.threads_line({"threads": 2, "shards": 1, "cpus": 2}) == (
-        "ours: threads=2, not sharded in this run (shard_count 1), default BLAS threads"
+def test_shards_line_says_when_our_side_did_not_shard():
+    assert bench.shards_line({"shards_setting": 2, "shards": 1, "cpus": 2}) == (
+        "ours: shards=2, not sharded in this run (shard_count 1), default BLAS threads"
     )
-    assert bench.threads_line({"threads": 4, "shards": 4, "cpus": 2}) == (
-        "ours: threads=4 (row shards), one after another on 2 core(s)"
+    assert bench.shards_line({"shards_setting": 4, "shards": 4, "cpus": 2}) == (
+        "ours: shards=4 (row shards), one after another on 2 core(s)"
     )
 
 
 def test_our_shards_reads_the_runs_train_config():
-    model_cfg, train_cfg = build_configs("shakespeare-char", **SMALL, threads=3)
+    model_cfg, train_cfg = build_configs("shakespeare-char", **SMALL, shards=3)
     got = bench.our_shards(model_cfg, train_cfg)
-    assert got["threads"] == 3 and got["shards"] in (1, 3)
-    model_cfg, train_cfg = build_configs("shakespeare-char", **SMALL, threads=2, dropout=0.1)
+    assert got["shards_setting"] == 3 and got["shards"] in (1, 3)
+    model_cfg, train_cfg = build_configs("shakespeare-char", **SMALL, shards=2, dropout=0.1)
     assert bench.our_shards(model_cfg, train_cfg)["shards"] == 1  # dropout: no shards

@@ -6,8 +6,9 @@ The pieces live in their own modules, in the order data flows through them:
   ``rust_regex`` for tiktoken's split patterns and ``hf_tokenizer`` for Hugging Face's
   files), ``data``, ``positional``, ``attention`` (and ``mla``, latent attention), ``moe``,
   ``block`` and ``model`` (Decoder);
-- training: ``step`` (one optimiser step, one evaluation), ``train``, ``checkpoint``,
-  ``rundir`` (the locked output directory), ``mixed_precision`` and ``dist`` (data-parallel);
+- training: ``step`` (one optimiser step, one evaluation), ``shards`` (a step's rows on
+  several cores, in worker processes), ``train``, ``checkpoint``, ``rundir`` (the locked
+  output directory), ``mixed_precision`` and ``dist`` (data-parallel over MPI ranks);
 - using a model: ``generate`` and ``decoding`` (beam search, speculative decoding),
   ``pretrained`` (Hugging Face checkpoints);
 - adapting it: ``finetune`` (LoRA), and ``chat``, ``instruct_data``, ``posttrain``, ``sft``

@@ -59,7 +59,7 @@ def test_train_step(fn):
     mine, x, y = model_and_batch()
     library, _, _ = model_and_batch()
     opt_mine, opt_library = AdamW(mine.parameters(), lr=1e-2), AdamW(library.parameters(), lr=1e-2)
-    cfg = TrainConfig(grad_clip=1.0)
+    cfg = TrainConfig(grad_clip=1.0, shards=1)  # the whole batch at once, as a student writes it
     for step in range(1, 4):
         want = decoder.step.train_step(library, opt_library, x, y, cfg, step)
         with forbidden(fn, decoder.step, "train_step", "write the step yourself"):
@@ -83,7 +83,7 @@ def test_train_loop(fn):
     assert seen == list(range(80)), "ask lr_at for steps 0, 1, ..., steps - 1, in order"
     library, _, _ = model_and_batch(1)
     opt_library = AdamW(library.parameters(), lr=0.0, weight_decay=0.0)
-    cfg = TrainConfig(grad_clip=1.0)
+    cfg = TrainConfig(grad_clip=1.0, shards=1)  # the whole batch at once, as a student writes it
     for s in range(5):
         set_lr(opt_library, 3e-2)
         want = decoder.step.train_step(library, opt_library, x, y, cfg, s + 1)

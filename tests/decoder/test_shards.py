@@ -1,8 +1,10 @@
-"""CPU training in threads (decoder.step): a micro-batch run as ``TrainConfig.threads`` row
-shards takes the step the unsharded micro-batch takes, up to float rounding (the sums run in
-another order), on every run the same to the bit; ``shard_count`` falls back to one shard
-wherever sharding could change a number; a failing step leaves no shard running and the BLAS
-with its own thread count.
+"""CPU training in row shards (decoder.step): a micro-batch run as ``TrainConfig.shards`` row
+shards, shard 0 here and the others in worker processes (decoder.shards), takes the step the
+unsharded micro-batch takes, up to float rounding (the sums run in another order), on every
+run the same to the bit, and the same bits where the shards run one after another here (fewer
+cores than shards, or no fork); ``shard_count`` falls back to one shard wherever sharding could
+change a number; a step that raises leaves the workers as they were and the BLAS with its own
+thread count. The worker processes' own failures are tests/decoder/test_shard_workers.py's.
 
 The comparisons use SGD in float32 (a step linear in the gradients, so rounding stays rounding)
 and AdamW in float64 (Adam divides by the gradients' size: a float32 rounding flip in a
@@ -11,13 +13,14 @@ near-zero gradient moves a weight by up to lr, and would hide a real difference 
 
 from __future__ import annotations
 
-import threading
-import time
+import multiprocessing
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import minigrad as mg
+from decoder import shards as shards_module
 from decoder import step as step_module
 from decoder.chat import IGNORE_INDEX
 from decoder.config import ModelConfig, TrainConfig, build_configs
@@ -56,6 +59,19 @@ def sharding(monkeypatch):
         monkeypatch.setattr(step_module, "cpu_count", lambda: 2)
 
 
+@pytest.fixture(autouse=True)
+def no_workers_left():
+    """Each test ends with the shard workers it started stopped, so none outlives its model."""
+    yield
+    workers = shards_module._current
+    if workers is not None:  # stopped at once: how close() ends them is test_shard_workers's
+        for proc in workers.procs:
+            proc.terminate()
+            proc.join()
+        workers.close()
+    assert not multiprocessing.active_children(), "a shard worker outlived the test"
+
+
 def batch(config: ModelConfig, rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     shape = (rows, config.block_size)  # (B, T)
@@ -66,7 +82,7 @@ def trained(
     config: ModelConfig,
     x: np.ndarray,
     y: np.ndarray,
-    threads: int,
+    shards: int,
     steps: int = 3,
     grad_accum_steps: int = 1,
     float64: bool = False,
@@ -80,9 +96,9 @@ def trained(
         optimizer = AdamW(param_groups_for_decay(model, 0.1), lr=1e-2, weight_decay=0.1)
     else:
         optimizer = SGD(model.parameters(), lr=0.5)
-    cfg = TrainConfig(threads=threads, grad_accum_steps=grad_accum_steps, grad_clip=1.0)
+    cfg = TrainConfig(shards=shards, grad_accum_steps=grad_accum_steps, grad_clip=1.0)
     rows = len(y) // grad_accum_steps
-    assert shard_count(model, cfg, y[:rows]) == min(threads, rows), "sharding is off"
+    assert shard_count(model, cfg, y[:rows]) == min(shards, rows), "sharding is off"
     losses = [train_step(model, optimizer, x, y, cfg, step=i + 1) for i in range(steps)]
     return losses, model
 
@@ -108,7 +124,7 @@ def assert_identical_run(a, b) -> None:
 # ---- two shards take the unsharded step ------------------------------------------------------
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("rows", [4, 5])  # 5: shards of 3 and 2 rows, weighted 3/5 and 2/5
-def test_two_threads_take_the_one_thread_steps_float32(name, rows):
+def test_two_shards_take_the_unsharded_steps_float32(name, rows):
     x, y = batch(CONFIGS[name], rows)
     one, two = trained(CONFIGS[name], x, y, 1), trained(CONFIGS[name], x, y, 2)
     assert_same_run(one, two, rtol=1e-5, atol=1e-6)
@@ -116,7 +132,7 @@ def test_two_threads_take_the_one_thread_steps_float32(name, rows):
 
 @pytest.mark.parametrize("name", ["shakespeare-gelu", "swiglu-rope-rms"])
 @pytest.mark.parametrize("rows", [4, 5])
-def test_two_threads_take_the_one_thread_steps_float64_adamw(name, rows):
+def test_two_shards_take_the_unsharded_steps_float64_adamw(name, rows):
     x, y = batch(CONFIGS[name], rows)
     one = trained(CONFIGS[name], x, y, 1, float64=True)
     two = trained(CONFIGS[name], x, y, 2, float64=True)
@@ -125,7 +141,7 @@ def test_two_threads_take_the_one_thread_steps_float64_adamw(name, rows):
 
 @pytest.mark.parametrize("name", ["shakespeare-gelu", "swiglu-rope-rms"])
 @pytest.mark.parametrize("rows", [4, 6])  # 6: micro-batches of 3 rows, shards of 2 and 1
-def test_two_threads_with_gradient_accumulation(name, rows):
+def test_two_shards_with_gradient_accumulation(name, rows):
     x, y = batch(CONFIGS[name], rows)
     one = trained(CONFIGS[name], x, y, 1, grad_accum_steps=2, float64=True)
     two = trained(CONFIGS[name], x, y, 2, grad_accum_steps=2, float64=True)
@@ -149,32 +165,38 @@ def test_ignored_targets_weight_each_shard_by_its_targets_not_its_rows():
     expected = lm_loss(model, x, y).item()
     mg.manual_seed(0)
     model = Decoder(config).double()
-    got = train_step(model, SGD(model.parameters(), lr=0.0), x, y, TrainConfig(threads=2), 1)
+    got = train_step(model, SGD(model.parameters(), lr=0.0), x, y, TrainConfig(shards=2), 1)
     assert got == pytest.approx(expected, rel=1e-12, abs=0)
 
 
 # ---- the same numbers on every run -----------------------------------------------------------
-def test_two_threads_are_bit_identical_run_to_run():
+def test_two_shards_are_bit_identical_run_to_run():
     x, y = batch(SHAKESPEARE, 8)
     first = trained(SHAKESPEARE, x, y, 2)
     for _ in range(2):
         assert_identical_run(first, trained(SHAKESPEARE, x, y, 2))
 
 
-def test_on_fewer_cores_than_shards_the_shards_run_in_turn_to_the_same_bits(monkeypatch):
+def no_workers(*args, **kwargs):
+    raise AssertionError("a shard went to a worker process where they run in turn")
+
+
+@pytest.mark.parametrize("why", ["one core", "no fork"])
+@pytest.mark.parametrize("float64", [False, True])
+def test_where_no_workers_run_the_shards_run_in_turn_to_the_same_bits(monkeypatch, why, float64):
+    if not shards_module.fork_available():
+        pytest.skip("no fork here: the shards always run in turn")
     x, y = batch(SHAKESPEARE, 5)
-    threaded = trained(SHAKESPEARE, x, y, 2)
-
-    class NoPool:  # the fallback must not hand a shard to a thread
-        _max_workers = 64
-
-        def submit(self, *args, **kwargs):
-            raise AssertionError("a shard was submitted to a thread on one core")
-
-    monkeypatch.setattr(step_module, "cpu_count", lambda: 1)
-    monkeypatch.setattr(step_module, "_pool", NoPool())
-    in_turn = trained(SHAKESPEARE, x, y, 2)
-    assert_identical_run(threaded, in_turn)
+    in_workers = trained(SHAKESPEARE, x, y, 2, float64=float64)
+    assert len(shards_module._current.procs) == 1, "the shards did not run in a worker"
+    shards_module._current.close()
+    if why == "one core":
+        monkeypatch.setattr(step_module, "cpu_count", lambda: 1)
+    else:
+        monkeypatch.setattr(step_module, "fork_available", lambda: False)
+    monkeypatch.setattr(step_module, "workers_for", no_workers)
+    in_turn = trained(SHAKESPEARE, x, y, 2, float64=float64)
+    assert_identical_run(in_workers, in_turn)
 
 
 # ---- shard_count says 1 wherever sharding could change a number -------------------------------
@@ -184,24 +206,24 @@ def fresh(**overrides) -> Decoder:
 
 
 Y4 = np.zeros((4, TINY.block_size), dtype=np.int64)  # (B, T): four rows of targets
-TWO = TrainConfig(threads=2)
+TWO = TrainConfig(shards=2)
 
 
 def test_shard_count_shards_a_plain_micro_batch():
     assert shard_count(fresh(), TWO, Y4) == 2
-    assert shard_count(fresh(), TrainConfig(threads=3), Y4) == 3
-    assert shard_count(fresh(), TrainConfig(threads=8), Y4) == 4  # at most one shard per row
+    assert shard_count(fresh(), TrainConfig(shards=3), Y4) == 3
+    assert shard_count(fresh(), TrainConfig(shards=8), Y4) == 4  # at most one shard per row
 
 
 @pytest.mark.parametrize(
     "case",
-    ["threads=1", "one row", "dist", "scaler", "another loss", "moe", "an empty shard"],
+    ["shards=1", "one row", "dist", "scaler", "another loss", "moe", "an empty shard"],
 )
 def test_shard_count_is_1(case):
     model, cfg, y = fresh(), TWO, Y4
     kwargs = {}
-    if case == "threads=1":
-        cfg = TrainConfig(threads=1)
+    if case == "shards=1":
+        cfg = TrainConfig(shards=1)
     elif case == "one row":
         y = Y4[:1]
     elif case == "dist":
@@ -258,72 +280,51 @@ def test_an_unsharded_case_runs_the_plain_step(monkeypatch):
     monkeypatch.setattr(step_module, "_sharded_pass", no_sharding)
     model = fresh()
     x, y = batch(TINY, 4)
-    train_step(model, SGD(model.parameters(), lr=0.1), x, y, TrainConfig(threads=1), step=1)
+    train_step(model, SGD(model.parameters(), lr=0.1), x, y, TrainConfig(shards=1), step=1)
     with pytest.raises(AssertionError, match="sharded"):  # and the spy would have seen one
         train_step(model, SGD(model.parameters(), lr=0.1), x, y, TWO, step=1)
 
 
-# ---- a failing step: no shard left running, the BLAS count given back --------------------------
-def shard_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("decoder-shard")}
-
-
-def test_a_nan_loss_raises_with_two_threads_and_leaves_the_weights_and_threads_alone():
+# ---- a failing step: the workers as they were, the BLAS count given back ----------------------
+def test_a_nan_loss_raises_with_two_shards_and_leaves_the_weights_and_workers_alone():
     x, y = batch(TINY, 4)
     model = fresh()
     optimizer = SGD(model.parameters(), lr=0.1)
-    train_step(model, optimizer, x, y, TWO, step=1)  # the pool's threads, made once
-    threads_before = shard_threads()
-    model.lm_head.weight.data[...] = np.nan
+    train_step(model, optimizer, x, y, TWO, step=1)
+    workers = shards_module._current
+    model.lm_head.weight.data[...] = np.nan  # in shared memory: the worker's loss is NaN too
     weights = [p.data.copy() for p in model.parameters()]
     with pytest.raises(TrainingDiverged, match="at step 2"):
         train_step(model, optimizer, x, y, TWO, step=2)
     for p, before in zip(model.parameters(), weights, strict=True):
         np.testing.assert_array_equal(p.data, before)  # NaN where it was: equal_nan by default
-    assert shard_threads() <= threads_before, "a failing step started new shard threads"
-    pool = step_module._pool
-    assert pool._work_queue.empty(), "a shard is still queued after the step raised"
-
-
-def test_a_shard_that_raises_is_not_left_running_past_the_step(monkeypatch):
-    # the first shard (this thread) fails at once; the other, slower, must have finished
-    # before train_step gives the error back, or it would write gradients into the next step
-    finished = threading.Event()
-
-    def failing_loss(model, x, y):
-        if threading.current_thread() is threading.main_thread():
-            raise ValueError("shard 0 failed")
-        time.sleep(0.2)
-        finished.set()
-        return lm_loss(model, x, y)
-
-    monkeypatch.setattr(step_module, "lm_loss", failing_loss)
-    model = fresh()
-    x, y = batch(TINY, 4)
-    with pytest.raises(ValueError, match="shard 0 failed"):
-        train_step(model, SGD(model.parameters(), lr=0.1), x, y, TWO, 1, loss_fn=failing_loss)
-    assert finished.is_set(), "train_step returned while a shard was still running"
+    # every shard answered before the error: the same workers serve the next step
+    assert shards_module._current is workers
+    assert all(proc.is_alive() for proc in workers.procs)
 
 
 @pytest.mark.skipif(
     not backend.blas_threads_settable(), reason="NumPy's BLAS here is not a settable OpenBLAS"
 )
-def test_each_shard_runs_on_a_one_thread_blas_and_the_step_gives_the_count_back(monkeypatch):
-    if backend.cpu_count() < 2:
-        pytest.skip("one core: the shards run in turn, with the BLAS's own count")
+def test_each_shard_runs_on_a_one_thread_blas_and_the_step_gives_the_count_back(
+    monkeypatch, tmp_path
+):
+    if backend.cpu_count() < 2 or not shards_module.fork_available():
+        pytest.skip("no workers here: the shards run in turn, with the BLAS's own count")
     get = backend._blas[1]
     before = get()
-    seen = []
+    log = tmp_path / "blas.log"  # the worker's loss runs in another process: it writes here
 
     def counting_loss(model, x, y):
-        seen.append(get())
+        with open(log, "a") as f:
+            f.write(f"{get()}\n")
         return lm_loss(model, x, y)
 
     monkeypatch.setattr(step_module, "lm_loss", counting_loss)
     model = fresh()
     x, y = batch(TINY, 4)
     train_step(model, SGD(model.parameters(), lr=0.1), x, y, TWO, 1, loss_fn=counting_loss)
-    assert seen == [1, 1]
+    assert Path(log).read_text().split() == ["1", "1"]  # this process's shard and the worker's
     assert get() == before
     model.lm_head.weight.data[...] = np.nan  # and after a step that raises
     with pytest.raises(TrainingDiverged):
@@ -333,15 +334,16 @@ def test_each_shard_runs_on_a_one_thread_blas_and_the_step_gives_the_count_back(
 
 # ---- the setting --------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", [0, -1, 1.5])
-def test_threads_must_be_a_positive_whole_number(bad):
-    with pytest.raises(ValueError, match="TrainConfig.threads"):
-        TrainConfig(threads=bad)
+def test_shards_must_be_a_positive_whole_number(bad):
+    with pytest.raises(ValueError, match="TrainConfig.shards"):
+        TrainConfig(shards=bad)
 
 
-def test_threads_defaults_to_2_and_parses_from_the_command_line():
-    assert TrainConfig().threads == 2
-    assert parse_overrides(["--threads=1"]) == {"threads": "1"}
-    _, train_cfg = build_configs("shakespeare-char", parse_overrides(["--threads", "3"]))
-    assert train_cfg.threads == 3 and isinstance(train_cfg.threads, int)
-    with pytest.raises(ValueError, match="threads"):
-        build_configs("shakespeare-char", {"threads": "0"})
+def test_shards_defaults_to_2_and_parses_from_the_command_line():
+    assert TrainConfig().shards == 2
+    assert not hasattr(TrainConfig(), "threads")  # the old name is gone, not an alias
+    assert parse_overrides(["--shards=1"]) == {"shards": "1"}
+    _, train_cfg = build_configs("shakespeare-char", parse_overrides(["--shards", "3"]))
+    assert train_cfg.shards == 3 and isinstance(train_cfg.shards, int)
+    with pytest.raises(ValueError, match="shards"):
+        build_configs("shakespeare-char", {"shards": "0"})

@@ -99,9 +99,12 @@ class ShardWorkers:
         self.conns, self.procs = [], []
         for i in range(1, n):
             here, there = context.Pipe()
+            # subtle: the fork copies every open pipe end, the trainer's ends included; the
+            # worker must close those, or closing them here would never reach it as EOF
+            trainer_ends = [*self.conns, here]
             proc = context.Process(
                 target=_serve,
-                args=(model, self.params, self.grad_views[i - 1], there, loss_fn),
+                args=(model, self.params, self.grad_views[i - 1], there, loss_fn, trainer_ends),
                 name=f"decoder-shard-{i}",
                 daemon=True,  # ended with this process
             )
@@ -154,7 +157,7 @@ class ShardWorkers:
                 reply = conn.recv()
             except EOFError:
                 raise RuntimeError(
-                    f"shard worker {i + 1} died (out of memory?): set --threads=1 to train "
+                    f"shard worker {i + 1} died (out of memory?): set --shards=1 to train "
                     f"in one process"
                 ) from None
             if reply[0] == "error":
@@ -178,13 +181,18 @@ class ShardWorkers:
             conn.close()
         for proc in self.procs:
             proc.join(timeout=5)
-            if proc.is_alive():
+            if proc.is_alive():  # stuck: stop it, and reap it
                 proc.terminate()
+                proc.join()
         self.conns, self.procs = [], []
 
 
-def _serve(model: Module, params: list, grads: list, conn: Any, loss_fn: Callable) -> None:
+def _serve(
+    model: Module, params: list, grads: list, conn: Any, loss_fn: Callable, trainer_ends: list
+) -> None:
     """A worker's loop: a shard in, its loss out, its gradients into ``grads`` (shared)."""
+    for end in trainer_ends:  # this process's copies of the trainer's ends (see __init__)
+        end.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     blas_threads(1).__enter__()  # for the worker's life: one core per shard
     while True:

@@ -63,12 +63,8 @@ def sharding(monkeypatch):
 def no_workers_left():
     """Each test ends with the shard workers it started stopped, so none outlives its model."""
     yield
-    workers = shards_module._current
-    if workers is not None:  # stopped at once: how close() ends them is test_shard_workers's
-        for proc in workers.procs:
-            proc.terminate()
-            proc.join()
-        workers.close()
+    if shards_module._current is not None:
+        shards_module._current.close()
     assert not multiprocessing.active_children(), "a shard worker outlived the test"
 
 

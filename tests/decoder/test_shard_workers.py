@@ -25,9 +25,9 @@ from decoder import step as step_module
 from decoder.config import ModelConfig, TrainConfig
 from decoder.model import Decoder
 from decoder.step import lm_loss, train_step
-from minigrad import backend
 from minigrad.nn.lora import apply_lora
 from minigrad.optim import SGD
+from tests.decoder.shard_fixtures import no_workers_left, sharding  # noqa: F401 (autouse)
 
 pytestmark = pytest.mark.skipif(
     not shards_module.fork_available(), reason="no fork here: the shards run in turn"
@@ -36,24 +36,6 @@ pytestmark = pytest.mark.skipif(
 TINY = ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)
 POISON = 10  # a token the clean batches never hold: the faulty losses fail on it
 ONE, TWO = TrainConfig(shards=1), TrainConfig(shards=2)
-
-
-@pytest.fixture(autouse=True)
-def sharding(monkeypatch):
-    """Shards in workers wherever this runs (see test_shards.py's fixture of the same name)."""
-    if not backend.blas_threads_settable():
-        monkeypatch.setattr(step_module, "blas_threads_settable", lambda: True)
-    if backend.cpu_count() < 2:
-        monkeypatch.setattr(step_module, "cpu_count", lambda: 2)
-
-
-@pytest.fixture(autouse=True)
-def no_workers_left():
-    """Each test ends with its workers stopped, so none outlives its model."""
-    yield
-    if shards_module._current is not None:
-        shards_module._current.close()
-    assert not multiprocessing.active_children(), "a shard worker outlived the test"
 
 
 def fresh(seed: int = 0) -> Decoder:

@@ -13,7 +13,6 @@ near-zero gradient moves a weight by up to lr, and would hide a real difference 
 
 from __future__ import annotations
 
-import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ from decoder.train import parse_overrides
 from minigrad import backend
 from minigrad.nn import Dropout
 from minigrad.optim import SGD, AdamW, param_groups_for_decay
+from tests.decoder.shard_fixtures import no_workers_left, sharding  # noqa: F401 (autouse)
 
 TINY = ModelConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)
 # shakespeare-char's shape, shrunk: 65 characters, 2 blocks, 32 wide, 16 tokens of context
@@ -46,26 +46,6 @@ LLAMA = ModelConfig(
     norm="rms",
 )
 CONFIGS = {"tiny": TINY, "shakespeare-gelu": SHAKESPEARE, "swiglu-rope-rms": LLAMA}
-
-
-@pytest.fixture(autouse=True)
-def sharding(monkeypatch):
-    """Sharding on wherever this runs: a BLAS whose count we cannot set, or one core, would
-    otherwise turn it off (or run the shards one after another), and the tests would compare
-    the unsharded step with itself. (Here the BLAS count is only not changed, not wrong.)"""
-    if not backend.blas_threads_settable():
-        monkeypatch.setattr(step_module, "blas_threads_settable", lambda: True)
-    if backend.cpu_count() < 2:
-        monkeypatch.setattr(step_module, "cpu_count", lambda: 2)
-
-
-@pytest.fixture(autouse=True)
-def no_workers_left():
-    """Each test ends with the shard workers it started stopped, so none outlives its model."""
-    yield
-    if shards_module._current is not None:
-        shards_module._current.close()
-    assert not multiprocessing.active_children(), "a shard worker outlived the test"
 
 
 def batch(config: ModelConfig, rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

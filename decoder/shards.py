@@ -70,6 +70,20 @@ def _params(model: Module) -> list:
     return model.parameters()
 
 
+def shard_pass(
+    model: Module, loss_fn: Callable, x: Any, y: Any, scale: float, into: dict | None = None
+) -> float:
+    """One shard's loss, adding ``scale`` times its gradients into ``.grad`` (or ``into``, as
+    ``backward`` does); a loss that is not finite gets no backward (the step raises before
+    any optimiser step). The trainer's shard, a worker's and the in-turn fallback all run this.
+    """
+    loss = loss_fn(model, x, y)
+    value = loss.item()
+    if math.isfinite(value):
+        backward(loss * scale, into=into)
+    return value
+
+
 class ShardWorkers:
     """``n - 1`` worker processes for ``model``; ``run`` computes a micro-batch's loss and
     gradients as ``n`` row shards, shard 0 in this process.
@@ -148,10 +162,7 @@ class ShardWorkers:
         for conn, x, y, scale in zip(self.conns, xs[1:], ys[1:], scales[1:], strict=True):
             conn.send((x, y, scale, model.training))
         with blas_threads(1):  # one core for this shard's products: the others are busy
-            loss = self.loss_fn(model, xs[0], ys[0])
-            values = [loss.item()]
-            if math.isfinite(values[0]):
-                backward(loss * scales[0])
+            values = [shard_pass(model, self.loss_fn, xs[0], ys[0], scales[0])]
         for i, conn in enumerate(self.conns):
             try:
                 reply = conn.recv()
@@ -202,17 +213,14 @@ def _serve(
             return
         try:
             model.train(training)
-            loss = loss_fn(model, x, y)
-            value = loss.item()
+            sink: dict = {}
+            value = shard_pass(model, loss_fn, x, y, scale, into=sink)
             has_grad = [False] * len(params)
-            if math.isfinite(value):
-                sink: dict = {}
-                backward(loss * scale, into=sink)
-                for i, p in enumerate(params):
-                    entry = sink.get(id(p))
-                    if entry is not None:
-                        grads[i][...] = entry[1]
-                        has_grad[i] = True
+            for i, p in enumerate(params):
+                entry = sink.get(id(p))
+                if entry is not None:
+                    grads[i][...] = entry[1]
+                    has_grad[i] = True
             reply = ("ok", value, has_grad)
         except Exception:  # the trainer raises it, with this traceback
             reply = ("error", traceback.format_exc())

@@ -45,8 +45,7 @@ from decoder.config import TrainConfig
 from decoder.data import TokenDataset
 from decoder.mixed_precision import LossScaler
 from decoder.model import Decoder
-from decoder.shards import fork_available, workers_for
-from minigrad.autograd import backward
+from decoder.shards import fork_available, shard_pass, workers_for
 from minigrad.backend import blas_threads_settable, cpu_count
 from minigrad.nn import Dropout
 from minigrad.optim import Optimizer, clip_grad_norm_
@@ -197,13 +196,10 @@ def _sharded_pass(model: Decoder, x: np.ndarray, y: np.ndarray, n: int, scale: f
     else:  # the same shards one after another: the same numbers, added in the same order
         values = []
         for i in range(n):
-            loss = lm_loss(model, xs[i], ys[i])
-            values.append(loss.item())
-            if math.isfinite(values[-1]):  # else the caller raises, before any optimiser step
-                sink: dict = {}
-                backward(loss * scales[i], into=sink)
-                for t, g in sink.values():
-                    t.grad = g if t.grad is None else t.grad + g
+            sink: dict = {}  # each shard summed on its own, then added: as the workers' are
+            values.append(shard_pass(model, lm_loss, xs[i], ys[i], scales[i], into=sink))
+            for t, g in sink.values():
+                t.grad = g if t.grad is None else t.grad + g
     return sum(w * v for w, v in zip(weights, values, strict=True))
 
 

@@ -211,8 +211,9 @@ def backward(
     """Backpropagate from ``root``: add d(root)/d(leaf) (times ``grad``) into every leaf's .grad.
 
     With ``into`` (a dict), the leaves' gradients go there instead, as ``{id(leaf): (leaf,
-    grad)}``, and no ``.grad`` is touched: two threads can then run backward passes through
-    graphs that share leaves (the parameters), each into its own dict, and add them up after.
+    grad)}``, and no ``.grad`` is touched: a shard's gradients can then be summed on their own
+    and added to the others' after (decoder/shards.py), and backward passes in two threads
+    through graphs that share leaves (the parameters) do not write into one array.
     """
     if not root.requires_grad:
         raise RuntimeError(

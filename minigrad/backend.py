@@ -260,10 +260,11 @@ def blas_threads_settable() -> bool:
 class blas_threads:
     """Run a block with the BLAS on ``n`` threads, then give it back its own count.
 
-    For code that runs NumPy in several Python threads at once: each matrix product should
-    then use one core, or the threads' BLAS pools fight over the cores (two threads each
-    asking OpenBLAS for two cores ran a training step 1.5x slower than one thread did). A
-    no-op where the count cannot be set (``blas_threads_settable()`` is False).
+    For code that runs NumPy on several cores at once (threads, or processes such as
+    decoder/shards.py's workers): each matrix product should then use one core, or the BLAS
+    pools fight over the cores (two threads each asking OpenBLAS for two cores ran a training
+    step 1.5x slower than one thread did). A no-op where the count cannot be set
+    (``blas_threads_settable()`` is False).
 
     >>> with blas_threads(1):
     ...     pass

@@ -43,6 +43,7 @@ def _ours(preset: str, **overrides):
     return Decoder(model_cfg), model_cfg, train_cfg
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("preset", ["shakespeare-char", "shakespeare-char-modern"])
 def test_logits_equal_ours_from_our_weights(preset):
     ours, model_cfg, _ = _ours(preset, n_layer=2)
@@ -73,6 +74,7 @@ def test_load_ours_names_the_mismatch():
         ref.GPT(model_cfg).load_ours(state)
 
 
+@pytest.mark.summation_order
 def test_training_repeats_our_losses(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "data"))
     from decoder.train import train

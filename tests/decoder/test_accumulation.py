@@ -11,6 +11,7 @@ from decoder.model import Decoder
 from decoder.step import train_step
 from decoder.train import train
 from minigrad.optim import AdamW, param_groups_for_decay
+from tests.support.numerics import assert_close
 
 from .test_train import TEXT
 
@@ -35,6 +36,7 @@ def stepped(k: int, x: np.ndarray, y: np.ndarray, grad_clip: float) -> tuple[Dec
     return model, train_step(model, optimizer, x, y, cfg, step=1)
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("k", [2, 4])
 @pytest.mark.parametrize("grad_clip", [0.0, 0.05])  # 0.05 clips: the norm is about 1
 def test_k_micro_batches_take_the_step_of_one_batch(k, grad_clip):
@@ -46,9 +48,14 @@ def test_k_micro_batches_take_the_step_of_one_batch(k, grad_clip):
     assert accumulated_loss == pytest.approx(whole_loss, rel=1e-12, abs=0)
     start, _ = model_and_optimizer()
     named = zip(whole.named_parameters(), accumulated.parameters(), start.parameters(), strict=True)
+    # 8 / k rows at a time sum in another order than 8 (other BLAS kernels, then the
+    # micro-batches' sum): float64 rounding, which AdamW amplifies where a gradient is about
+    # zero (it divides by the gradient's own size), up to 8e-15 seen on weights of about 0.02;
+    # so 1e-12 absolute, as tests/decoder/test_shards.py's float64 steps: a wrong micro-batch
+    # or scale moves a gradient by its own size and a weight by about lr = 1e-2
     for (name, p_whole), p_acc, p_start in named:
-        np.testing.assert_allclose(p_acc.grad, p_whole.grad, rtol=1e-12, atol=1e-15, err_msg=name)
-        np.testing.assert_allclose(p_acc.data, p_whole.data, rtol=1e-12, atol=1e-15, err_msg=name)
+        assert_close(p_acc.grad, p_whole.grad, rtol=1e-10, atol=1e-12, err_msg=name)
+        assert_close(p_acc.data, p_whole.data, rtol=1e-10, atol=1e-12, err_msg=name)
         assert not np.array_equal(p_acc.data, p_start.data), f"{name} did not move"
 
 
@@ -71,6 +78,7 @@ def run_configs(**extra):
     return build_configs("tiny", **{**base, "dtype": "float64", **extra})
 
 
+@pytest.mark.summation_order
 def test_an_accumulating_run_repeats_the_run_with_the_whole_batch(tmp_path):
     whole = train(*run_configs(batch_size=8), TEXT, tmp_path / "whole", progress=False)
     accumulated = train(

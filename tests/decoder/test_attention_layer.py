@@ -101,6 +101,7 @@ def test_changing_a_token_never_changes_earlier_outputs(pos, impl, rng):
 
 
 # ---- the KV cache ------------------------------------------------------------------------------
+@pytest.mark.summation_order
 @pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("n_kv", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 def test_incremental_decoding_equals_full_forward(pos, n_kv, rng):
@@ -126,6 +127,7 @@ def test_incremental_decoding_equals_full_forward(pos, n_kv, rng):
     assert cache.length == 6
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 def test_cached_decoding_with_either_impl(impl, rng):
     attn = layer("rope", 2, impl)

@@ -199,6 +199,7 @@ def test_generate_streams_each_token(base_run, capsys):
 
 
 # ---- decoder.finetune ---------------------------------------------------------------------------
+@pytest.mark.summation_order
 def test_finetune_saves_adapters_lowers_the_loss_and_merges(base_run, tmp_path):
     new_text = make_text(["dog", "ran", "to", "me", "cat"], seed=1)  # other words, known letters
     out = tmp_path / "lora"

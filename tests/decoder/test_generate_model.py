@@ -29,6 +29,7 @@ def build(pos: str, n_kv_head: int, seed: int = 0, **overrides) -> Decoder:
     return Decoder(config).double()
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("n_kv_head", KV_HEADS.values(), ids=KV_HEADS.keys())
 @pytest.mark.parametrize("pos", POSITIONS)
 def test_incremental_logits_equal_the_full_forward(pos, n_kv_head, rng):
@@ -43,6 +44,7 @@ def test_incremental_logits_equal_the_full_forward(pos, n_kv_head, rng):
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("n_kv_head", KV_HEADS.values(), ids=KV_HEADS.keys())
 @pytest.mark.parametrize("pos", POSITIONS)
 def test_cached_and_uncached_generation_agree(pos, n_kv_head):
@@ -74,6 +76,7 @@ def test_generation_works_in_float32():
     assert caches[0].k.dtype == np.float32
 
 
+@pytest.mark.summation_order
 def test_the_model_runs_on_the_device(device, rng):
     model = build("rope", 2, seed=4)
     ids, targets = rng.integers(0, 13, size=(2, 10)), rng.integers(0, 13, size=(2, 10))

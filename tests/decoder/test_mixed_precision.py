@@ -129,6 +129,7 @@ def run_configs(dtype: str):
     return build_configs("tiny", **settings, batch_size=4, sample_tokens=0, dtype=dtype)
 
 
+@pytest.mark.summation_order
 @pytest.mark.usefixtures("_token_cache")
 def test_a_float16_run_ends_near_float32_and_resumes_exactly(tmp_path):
     single = train(*run_configs("float32"), TEXT, tmp_path / "f32", progress=False)

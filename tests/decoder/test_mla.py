@@ -78,6 +78,7 @@ def test_equals_the_paper_forward_and_backward(torch, absorb, q_lora_rank, rng):
         np.testing.assert_allclose(g, leaf.grad.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.summation_order
 def test_absorbed_equals_explicit_in_float32(rng):
     mla = layer().float()
     x = mg.tensor(rng.standard_normal((2, 12, C)).astype(np.float32))
@@ -104,6 +105,7 @@ def test_cache_holds_only_the_latent_and_the_rotary_key(rng):
     np.testing.assert_allclose(cache.k[:, 0, :6], latent, atol=1e-12)
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("absorb", [False, True])
 def test_cached_steps_equal_the_full_forward(absorb, rng):
     mla = layer()

@@ -146,6 +146,7 @@ CONFIGS = {
 }
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("overrides", CONFIGS.values(), ids=CONFIGS.keys())
 def test_logits_loss_and_gradients_match_pytorch(overrides, torch, rng):
     config = ModelConfig(

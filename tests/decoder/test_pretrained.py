@@ -265,6 +265,7 @@ def test_a_gpt2_of_either_gelu_loads_with_that_gelu(tf, tmp_path, name, form):
     assert np.abs(other - want).max() > 1e-5  # the test tells the two forms apart
 
 
+@pytest.mark.summation_order
 @pytest.mark.oracle
 def test_our_exact_gelu_model_saves_as_a_gpt2_with_exact_gelu(tf, tmp_path):
     """The classic preset (nanoGPT's exact GELU), with GPT-2's biases, round-trips through

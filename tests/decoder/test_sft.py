@@ -33,6 +33,7 @@ from decoder.sft import main, sft
 from decoder.step import lm_loss
 from decoder.tokenizer import BPETokenizer, CharTokenizer, tokenizer_from_dict
 from decoder.train import read_log
+from tests.support.numerics import assert_close
 
 SPEAKERS = ("ROMEO", "JULIET", "NURSE", "TYBALT")
 LINES = (
@@ -122,15 +123,20 @@ def test_gpt2_tokenizer_is_refused_with_the_fix():
         chat_tokenizer(Pretrained())
 
 
+@pytest.mark.summation_order
 def test_new_rows_leave_the_old_logits_unchanged():
     mg.manual_seed(0)
     model = Decoder(ModelConfig(vocab_size=7, block_size=8, n_layer=1, n_head=2, n_embd=8))
     grown = add_chat_tokens(model, 10, seed=1)
+    grown_state = grown.state_dict()
+    for name, value in model.state_dict().items():  # copied: the old rows to the bit
+        np.testing.assert_array_equal(grown_state[name][: len(value)], value, err_msg=name)
     ids = np.array([[1, 2, 6, 0]])
     old, _ = model(ids)
     new, _ = grown(ids)
     assert new.shape == (1, 4, 10)
-    np.testing.assert_array_equal(new.numpy()[..., :7], old.numpy())
+    # a (4, 8) @ (8, 10) product against a (4, 8) @ (8, 7) one: BLAS may sum them otherwise
+    assert_close(new.numpy()[..., :7], old.numpy())
     assert grown.lm_head.weight is grown.tok_emb.weight  # still tied
 
 
@@ -158,14 +164,16 @@ def test_loss_is_the_mean_over_response_tokens_only(rng):
     assert lm_loss(model, x2[1:], y[1:]).item() == lm_loss(model, x[1:], y[1:]).item()
 
 
+@pytest.mark.summation_order
 def test_right_padding_changes_no_logit_of_a_row():
-    """The causal mask is the attention mask: no real position sees a later pad."""
+    """The causal mask is the attention mask: no real position sees a later pad (up to
+    rounding: 2 rows of 8 tokens run other BLAS kernels than 1 row of 3)."""
     mg.manual_seed(0)
     model = Decoder(ModelConfig(vocab_size=12, block_size=16, n_layer=2, n_head=2, n_embd=8))
     short, long = ([3, 4, 5, 6], 2), ([1, 2, 3, 4, 5, 6, 7, 8, 9], 3)
     alone, _ = pad_batch([short], pad_id=0)
     padded, _ = pad_batch([short, long], pad_id=11)
-    np.testing.assert_allclose(model(padded)[0].numpy()[0, :3], model(alone)[0].numpy()[0])
+    assert_close(model(padded)[0].numpy()[0, :3], model(alone)[0].numpy()[0])
 
 
 # ---- the data -----------------------------------------------------------------------------------

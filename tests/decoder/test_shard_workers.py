@@ -100,6 +100,7 @@ def raise_value_error():
 
 
 # ---- a failure in a worker or in the trainer's shard -------------------------------------------
+@pytest.mark.summation_order
 def test_a_workers_error_reaches_the_trainer_with_its_traceback(monkeypatch):
     loss_fn = faulty("worker", raise_value_error)
     monkeypatch.setattr(step_module, "lm_loss", loss_fn)  # shard_count shards lm_loss only
@@ -115,6 +116,7 @@ def test_a_workers_error_reaches_the_trainer_with_its_traceback(monkeypatch):
     assert {p.pid for p in worker_procs()}.isdisjoint(p.pid for p in old)
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("when", ["mid-step", "between steps"])
 def test_a_worker_that_dies_gives_a_clear_error_and_the_next_step_new_workers(monkeypatch, when):
     loss_fn = faulty("worker", lambda: os._exit(1))
@@ -134,6 +136,7 @@ def test_a_worker_that_dies_gives_a_clear_error_and_the_next_step_new_workers(mo
     assert {p.pid for p in worker_procs()}.isdisjoint(p.pid for p in old)
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("error", [ValueError, KeyboardInterrupt])
 def test_an_error_in_the_trainers_shard_stops_the_workers(monkeypatch, error):
     def fault():
@@ -164,6 +167,7 @@ def test_close_ends_the_workers_by_eof():
 
 
 # ---- the workers follow the model between steps ----------------------------------------------
+@pytest.mark.summation_order
 @pytest.mark.parametrize("how", ["assigned", "load_state_dict"])
 def test_a_parameter_replaced_between_steps_reaches_the_workers(how):
     model = fresh()
@@ -178,6 +182,7 @@ def test_a_parameter_replaced_between_steps_reaches_the_workers(how):
     assert [p.pid for p in worker_procs()] == pids, "new workers for new values alone"
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("change", ["freeze", "lora"])
 def test_a_structure_change_between_steps_starts_new_workers(change):
     model = fresh()

@@ -98,6 +98,7 @@ def assert_identical_run(a, b) -> None:
 
 
 # ---- two shards take the unsharded step ------------------------------------------------------
+@pytest.mark.summation_order
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("rows", [4, 5])  # 5: shards of 3 and 2 rows, weighted 3/5 and 2/5
 def test_two_shards_take_the_unsharded_steps_float32(name, rows):
@@ -106,6 +107,7 @@ def test_two_shards_take_the_unsharded_steps_float32(name, rows):
     assert_same_run(one, two, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("name", ["shakespeare-gelu", "swiglu-rope-rms"])
 @pytest.mark.parametrize("rows", [4, 5])
 def test_two_shards_take_the_unsharded_steps_float64_adamw(name, rows):
@@ -115,6 +117,7 @@ def test_two_shards_take_the_unsharded_steps_float64_adamw(name, rows):
     assert_same_run(one, two, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("name", ["shakespeare-gelu", "swiglu-rope-rms"])
 @pytest.mark.parametrize("rows", [4, 6])  # 6: micro-batches of 3 rows, shards of 2 and 1
 def test_two_shards_with_gradient_accumulation(name, rows):
@@ -124,6 +127,7 @@ def test_two_shards_with_gradient_accumulation(name, rows):
     assert_same_run(one, two, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.summation_order
 def test_ignored_targets_weight_each_shard_by_its_targets_not_its_rows():
     # the SFT case: the prompts' targets are -100; the first shard keeps 3 targets, the second
     # all 32, so equal weights (or weights by rows) would give the first's 3 ten times too much

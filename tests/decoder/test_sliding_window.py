@@ -76,6 +76,7 @@ def test_rolling_cache_memory_stops_growing():
     assert cache.length == 29
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("pos", ["rope", "alibi", "none"])
 @pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 def test_windowed_model_cached_equals_full_forward_past_block_size(pos, impl, rng):
@@ -99,6 +100,7 @@ def test_window_changes_the_answer(rng):
     assert not np.allclose(windowed[0, 4:], full[0, 4:])
 
 
+@pytest.mark.summation_order
 def test_alternating_layers_cached_equals_full_forward(rng):
     model = build(config(window_pattern="WF", window=3))
     ids = rng.integers(0, 13, 12).tolist()

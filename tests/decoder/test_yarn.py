@@ -82,6 +82,7 @@ def test_yarn_tables_carry_the_temperature_and_stay_relative(rng):
 
 
 # ---- in the model ----------------------------------------------------------------------------
+@pytest.mark.summation_order
 def test_a_model_trained_short_runs_long_with_each_scaling(rng):
     """The experiment's mechanism: weights trained at block_size 16 load into a model of
     block_size 64 with any scaling (the tables are not saved), and its logits differ."""

@@ -185,6 +185,7 @@ def _blocks(blocks):
 # The twin against the reference
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("blocks", BLOCKS, ids=["default-tiles", "tiles13x29"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -198,6 +199,7 @@ def test_forward_matches_reference(case, causal, dtype, blocks):
     assert_close("lse", lse, lse_ref, TOL[dtype])
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("blocks", BLOCKS, ids=["default-tiles", "tiles13x29"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -212,6 +214,7 @@ def test_backward_matches_reference(case, causal, dtype, blocks):
         assert_close(name, got, ref, TOL[dtype])
 
 
+@pytest.mark.summation_order
 def test_explicit_scale_is_used():
     q, k, v, grad_o, _ = make_inputs(1, 2, 1, 9, 11, 8, np.float64, False)
     o, lse = flash_attention_forward(q, k, v, True, None, scale=0.3, block_q=4, block_k=4)
@@ -281,6 +284,7 @@ def test_rejects_bad_shapes(q_shape, k_shape, slopes_shape):
 
 
 @pytest.mark.oracle
+@pytest.mark.summation_order
 @pytest.mark.parametrize(
     "B, nh, n_kv, T, S, causal, alibi",
     [
@@ -433,6 +437,7 @@ def _array_library(runtime: str):
     return np
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_cuda_kernel_is_deterministic_and_copies_strided_inputs(runtime):
     xp = _array_library(runtime)

@@ -107,12 +107,14 @@ def check_against_twin_and_reference(case, causal, seed=3, window=None):
             )
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_emulated_kernels_match_twin_and_reference(case, causal):
     check_against_twin_and_reference(case, causal)
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize(
     "case, window", WINDOW_CASES, ids=[f"{case_id(c)}-W{w}" for c, w in WINDOW_CASES]
 )
@@ -173,6 +175,7 @@ def test_tiles_follow_the_device_shared_memory(arch, hs, want):
     assert all(smem <= attributes["MaxSharedMemoryPerBlockOptin"] for _, smem in plans)
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
 def test_emulated_kernels_are_right_on_each_device(arch):
     # hs = 128: on sm_75 the backward runs with 16-row tiles and two warps per block.

@@ -120,6 +120,7 @@ def _run(fn, arrays, upstream, device):
 
 
 @pytest.mark.gpu
+@pytest.mark.summation_order
 @pytest.mark.usefixtures("cuda")
 @pytest.mark.parametrize("fn, specs", CASES)
 def test_op_on_cuda_equals_cpu(fn, specs, rng):

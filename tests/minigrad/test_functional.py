@@ -390,6 +390,7 @@ def test_norms_of_rows_without_features_are_empty(norm):
 
 
 # ---- linear and embedding ----------------------------------------------------------------------
+@pytest.mark.summation_order
 @pytest.mark.parametrize("x_shape", [(5, 4), (2, 3, 4), (4,)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_linear_gradcheck_and_composite(rng, x_shape, with_bias):
@@ -557,6 +558,7 @@ def run_on(device, op, *arrays):
     return [y.numpy(), *grads]
 
 
+@pytest.mark.summation_order
 def test_ops_agree_across_devices(rng, device):
     """Each op on ``device`` matches the CPU, forward and backward (a no-op pair on the CPU)."""
     x_np, w_np, b_np = rng.standard_normal((4, 6)), rng.standard_normal(6), rng.standard_normal(6)

@@ -11,7 +11,8 @@ import pytest
 import minigrad as mg
 from minigrad import functional as F
 
-pytestmark = pytest.mark.oracle
+# torch sums in its own order: every test compares two summation orders
+pytestmark = [pytest.mark.oracle, pytest.mark.summation_order]
 TOL = 1e-10
 
 

@@ -8,7 +8,8 @@ import minigrad as mg
 from minigrad import nn
 from minigrad.optim import SGD, AdamW, clip_grad_norm_, cosine_lr, set_lr
 
-pytestmark = pytest.mark.oracle
+# torch sums in its own order: every test compares two summation orders
+pytestmark = [pytest.mark.oracle, pytest.mark.summation_order]
 
 RTOL, ATOL = 1e-10, 1e-12  # float64 on both sides: only rounding differs
 

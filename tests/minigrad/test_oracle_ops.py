@@ -14,7 +14,8 @@ import pytest
 
 import minigrad as mg
 
-pytestmark = pytest.mark.oracle
+# torch sums in its own order: every test compares two summation orders
+pytestmark = [pytest.mark.oracle, pytest.mark.summation_order]
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 

@@ -61,6 +61,7 @@ CASES = [
 ]
 
 
+@pytest.mark.summation_order
 @pytest.mark.parametrize("impl", ["dense", "flash"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "T{}-S{}-hs{}-nh{}-kv{}-W{}-a{}".format(*c))
@@ -96,6 +97,7 @@ def test_window_of_one_returns_each_positions_own_value(impl, rng):
 
 # ---- the oracle ------------------------------------------------------------------------------
 @pytest.mark.oracle
+@pytest.mark.summation_order
 @pytest.mark.parametrize("impl", ["naive", "dense", "flash"])
 @pytest.mark.parametrize(
     "T, S, nh, n_kv, W, alibi",
@@ -138,6 +140,7 @@ def test_gradcheck(impl, B, nh, n_kv, T, S, hs, W, alibi, rng):
 
 
 # ---- the work the flash path skips -----------------------------------------------------------
+@pytest.mark.summation_order
 def test_flash_visits_only_the_tiles_the_band_touches(rng, monkeypatch):
     """T = S = 64 in tiles of 8 with W = 8: each query tile's band spans at most two key
     tiles, so forward and backward visit 15 tiles each (the 8 diagonal ones and 7 just
@@ -162,6 +165,7 @@ def test_flash_visits_only_the_tiles_the_band_touches(rng, monkeypatch):
 
 
 # ---- dispatch on the GPU and errors ----------------------------------------------------------
+@pytest.mark.summation_order
 def test_auto_runs_the_cuda_kernel_with_a_window(fake_cupy, rng):
     """On the GPU (here the stand-in, whose kernels run in the emulator), impl="auto" takes
     the CUDA kernel for windowed attention too, and its forward and backward equal the CPU's

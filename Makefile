@@ -3,21 +3,26 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
+# Every install below goes through constraints.txt: the versions the suite was last green
+# with, so a fresh clone tests what CI tested (pyproject.toml's dependencies stay ranges for
+# whoever installs the package elsewhere). `make constraints` writes it anew from .venv.
+INSTALL := $(PIP) install -c constraints.txt
 
-.PHONY: train dist test test-fast lint bench bench-train gpu-check lessons lessons-run clean
+.PHONY: train dist test test-fast test-numerics constraints lint bench bench-train gpu-check \
+	lessons lessons-run clean
 
-$(VENV)/.stamp-base: pyproject.toml
+$(VENV)/.stamp-base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -e .
+	$(INSTALL) -e .
 	touch $@
 
 $(VENV)/.stamp-dev: $(VENV)/.stamp-base
-	$(PIP) install -e '.[dev]'
+	$(INSTALL) -e '.[dev]'
 	touch $@
 
 # The oracle (CPU torch, transformers) is only for tests and benchmarks; see README to skip it.
 $(VENV)/.stamp-oracle: $(VENV)/.stamp-base
-	$(PIP) install -e '.[oracle]' || echo "torch or transformers could not be installed: the oracle tests will skip"
+	$(INSTALL) -e '.[oracle]' || echo "torch or transformers could not be installed: the oracle tests will skip"
 	touch $@
 
 train: $(VENV)/.stamp-base
@@ -25,13 +30,22 @@ train: $(VENV)/.stamp-base
 
 # MPI for the data-parallel tests and runs (the mpich wheel brings mpirun into .venv/bin).
 $(VENV)/.stamp-dist: $(VENV)/.stamp-base
-	$(PIP) install -e '.[dist]' || echo "MPI could not be installed: the 2-rank tests will skip"
+	$(INSTALL) -e '.[dist]' || echo "MPI could not be installed: the 2-rank tests will skip"
 	touch $@
 
 dist: $(VENV)/.stamp-dist
 
 test: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle $(VENV)/.stamp-dist
 	$(PY) -m pytest -n 2 $(ARGS)
+
+# The tests that compare two computations adding in another order (marked summation_order),
+# again with the BLAS and SIMD kernels of a CPU without AVX-512: CI runs it after `make test`.
+test-numerics: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle $(VENV)/.stamp-dist
+	$(PY) tests/support/no_avx512.py $(PY) -m pytest -n 2 -m summation_order $(ARGS)
+
+# After a deliberate upgrade in .venv (and a green `make test` on it): pin what it holds.
+constraints:
+	$(PY) tests/support/constraints.py > constraints.txt
 
 # Without the oracle: the torch comparisons skip with a reason.
 test-fast: $(VENV)/.stamp-dev
@@ -56,7 +70,7 @@ bench-train: $(VENV)/.stamp-oracle
 # On a machine with an NVIDIA GPU: GPU tests, compute-sanitizer on the kernels, the GPU
 # benchmarks (minutes: those dominate); writes bench/results/gpu-<gpu name>.md.
 $(VENV)/.stamp-gpu: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle
-	$(PIP) install -e '.[gpu]'
+	$(INSTALL) -e '.[gpu]'
 	touch $@
 
 gpu-check: $(VENV)/.stamp-gpu

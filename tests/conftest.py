@@ -1,7 +1,10 @@
 """Shared fixtures: a seeded generator, the backend parameter, the torch oracle, and the CuPy
-stand-in."""
+stand-in; and the first line of every run, which names the versions and kernels it tests."""
 
+import importlib.metadata
 import importlib.util
+import os
+import platform
 import sys
 from pathlib import Path
 
@@ -12,6 +15,43 @@ import minigrad as mg
 from minigrad import backend
 
 CUDA = mg.cuda_available()
+
+# What decides the last bits of a result, and what the suite was last green with (constraints.txt).
+VERSIONED = ("numpy", "torch", "transformers", "tiktoken", "mpi4py", "pytest", "hypothesis")
+
+
+def versions() -> str:
+    """One line: Python, the packages above (those installed), OpenBLAS's kernels and NumPy's
+    SIMD targets, so a failure on another machine can be told apart from one here."""
+    found = []
+    for name in VERSIONED:
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    kernels = []
+    try:
+        import threadpoolctl
+
+        for pool in threadpoolctl.threadpool_info():
+            if pool["user_api"] == "blas":
+                kernels.append(f"{pool['internal_api']} {pool['version']} {pool['architecture']}")
+    except ImportError:  # a dev extra: without it, only the environment's choice is shown
+        kernels.append(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+        kernels.append("numpy SIMD " + " ".join(d for d in __cpu_dispatch__ if __cpu_features__[d]))
+    except ImportError:  # NumPy 1.x keeps them elsewhere; the BLAS line is the one that matters
+        pass
+    return f"Python {platform.python_version()}, " + ", ".join(found + kernels)
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the xdist controller, once
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"testing with {versions()}")
 
 
 @pytest.fixture

@@ -229,7 +229,10 @@ def backward(
             )
         grad = xp.ones_like(root.data)
     else:
-        grad = xp.asarray(getattr(grad, "data", grad), dtype=root.data.dtype)
+        # subtle: a Tensor's array is .data, but so is a CuPy array's memory pointer (and a
+        # NumPy array's memoryview): only a Tensor is unwrapped
+        raw = grad.data if isinstance(grad, _tensor_cls) else grad
+        grad = xp.asarray(raw, dtype=root.data.dtype)
         if grad.shape != root.shape:
             raise ValueError(f"backward(): grad has shape {grad.shape}, expected {root.shape}")
     if root._ctx is None:  # a leaf: nothing to walk

@@ -149,6 +149,20 @@ def test_repeated_index_gradient_adds_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("cuda")
+def test_backward_takes_a_raw_device_array_as_its_gradient():
+    # a CuPy array's .data is its memory pointer: the engine must not take it for a Tensor's
+    import cupy
+
+    x = mg.tensor([1.0, 2.0, 3.0], dtype=np.float64, requires_grad=True, device="cuda")
+    (x * 2).backward(cupy.asarray([1.0, 10.0, 100.0]))
+    assert mg.Tensor(x.grad).tolist() == [2.0, 20.0, 200.0]
+    y = mg.tensor([1.0, 2.0], dtype=np.float64, requires_grad=True)
+    (y * 3).backward(np.array([1.0, -1.0]))  # and a NumPy one on the CPU, as before
+    assert y.grad.tolist() == [3.0, -3.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("cuda")
 def test_moves_between_devices_carry_the_gradient():
     x = mg.tensor([1.0, 2.0], dtype=np.float64, requires_grad=True)  # on the CPU
     y = (x.to("cuda") * 3).exp().to("cpu")

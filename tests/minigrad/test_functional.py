@@ -582,3 +582,42 @@ def test_ops_agree_across_devices(rng, device):
                 np.testing.assert_allclose(got, want, atol=1e-12, err_msg=name)
     y = F.dropout(mg.ones(200, 100, device=device), 0.5, rng=np.random.default_rng(0))
     assert abs((y.numpy() != 0).mean() - 0.5) < 0.02
+
+
+# ---- dropout's device mask: a counter-based generator --------------------------------------------
+def test_counter_uniform_is_splitmix64():
+    from minigrad.functional.dropout import counter_uniform
+
+    # splitmix64's published first outputs for seed 1234567, top 24 bits as a fraction of 2^24
+    outputs = [6457827717110365317, 3203168211198807973, 9817491932198370423]
+    want = [(z >> 40) / 2**24 for z in outputs]
+    assert counter_uniform(1234567, (3,)).tolist() == want
+
+
+def test_counter_uniforms_are_uniform_and_seeds_independent():
+    from minigrad.functional.dropout import counter_uniform
+
+    u = counter_uniform(5, (1 << 16,)).astype(np.float64)
+    counts = np.bincount((u * 16).astype(int), minlength=16)
+    chi2 = ((counts - u.size / 16) ** 2 / (u.size / 16)).sum()
+    assert chi2 < 37.7  # the 0.1% point of chi-square with 15 degrees of freedom
+    v = counter_uniform(6, (1 << 16,)).astype(np.float64)
+    assert abs(np.corrcoef(u, v)[0, 1]) < 0.02  # the next seed: another stream, not a shift
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.02  # neighbours within one stream
+
+
+def test_dropout_on_the_device_makes_no_generator_and_follows_the_host_seed(fake_cupy, monkeypatch):
+    from minigrad.functional.dropout import counter_uniform
+
+    def refuse(seed):
+        raise AssertionError("a device generator was made for one mask")
+
+    monkeypatch.setattr(fake_cupy.random, "RandomState", refuse)
+    x = mg.ones(64, 50, device="cuda")
+    a = F.dropout(x, 0.3, rng=np.random.default_rng(1)).numpy()
+    b = F.dropout(x, 0.3, rng=np.random.default_rng(1)).numpy()
+    np.testing.assert_array_equal(a, b)  # one host seed, one mask: the same integer arithmetic
+    seed = int(np.random.default_rng(1).integers(2**63))  # the draw dropout makes
+    keep = counter_uniform(seed, (64, 50)) >= 0.3
+    np.testing.assert_array_equal(a, np.where(keep, np.float32(1 / 0.7), 0))
+    assert abs(keep.mean() - 0.7) < 0.03  # 3200 draws: 5 standard deviations

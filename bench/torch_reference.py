@@ -315,6 +315,10 @@ def train_reference(
     tokens/s counts the training steps alone, evaluation excluded, as ours does.
     """
     device = train_cfg.device
+    # TF32 as the run asks (ours: minigrad.set_float32_matmul_precision), as nanoGPT's
+    # allow_tf32 flags do; on the CPU there is none
+    tf32 = train_cfg.matmul_precision == "high"
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     torch.manual_seed(train_cfg.seed)
     model = GPT(model_cfg, gelu)
     model.load_ours(init_state)

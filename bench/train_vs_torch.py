@@ -102,7 +102,9 @@ NANOGPT = {
     },
 }
 # What the reference itself leaves out of nanoGPT's GPU recipe, to train in float32 as we do.
-GPU_DEPARTURES = "bf16 autocast, TF32 matmuls and torch.compile (the reference: plain float32)"
+# TF32 is in neither list: both sides take the run's matmul_precision (baby-gpt's: "high",
+# TF32, as nanoGPT's allow_tf32; --matmul-precision=highest gives the strict float32 rows).
+GPU_DEPARTURES = "bf16 autocast and torch.compile (the reference: float32, eager)"
 NANOGPT_GELU = "none"  # nn.GELU(): the exact erf form
 
 
@@ -117,6 +119,8 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     }
     if args.eval_interval:
         extra["eval_interval"] = args.eval_interval
+    if getattr(args, "matmul_precision", None):
+        extra["matmul_precision"] = args.matmul_precision
     return build_configs(args.preset, **extra)
 
 
@@ -238,6 +242,8 @@ def run_one(args: argparse.Namespace, seed: int, side: str) -> dict:
     forwarded = [f"--preset={args.preset}", f"--iters={args.iters}", f"--device={args.device}"]
     forwarded += [f"--data={args.data}"] if args.data else []
     forwarded += [f"--eval-interval={args.eval_interval}"] if args.eval_interval else []
+    precision = getattr(args, "matmul_precision", None)
+    forwarded += [f"--matmul-precision={precision}"] if precision else []
     forwarded += ["--quiet"] if args.quiet else []
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
@@ -316,7 +322,14 @@ def report(args: argparse.Namespace, runs: dict[int, dict[str, list[dict]]]) -> 
     repeat = len(next(iter(runs.values()))["ours"])
     summary = {seed: {side: summarize(r[side]) for _, side in sides} for seed, r in runs.items()}
     medians = " (medians of each side's runs)" if repeat > 1 else ""
-    print(f"\n{args.preset}, {args.iters} steps, {args.device}{medians}")
+    precision = ""
+    if args.device == "cuda":
+        chosen = (
+            getattr(args, "matmul_precision", None)
+            or build_configs(args.preset)[1].matmul_precision
+        )
+        precision = ", TF32 products" if chosen == "high" else ", float32 products"
+    print(f"\n{args.preset}, {args.iters} steps, {args.device}{precision}{medians}")
     print(f"{'seed':>6}  {'':10}{'train loss':>12}{'val loss':>12}{'tokens/s':>12}")
     for seed, results in summary.items():
         for name, side in sides:
@@ -415,6 +428,13 @@ def main() -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--data", default=None, help="a text file (default: tiny Shakespeare)")
     p.add_argument("--eval-interval", type=int, default=None)
+    p.add_argument(
+        "--matmul-precision",
+        default=None,
+        choices=("highest", "high"),
+        help="GPU float32 products, both sides: highest (float32) or high (TF32); "
+        "default: the preset's",
+    )
     p.add_argument(
         "--seeds", default=None, help="comma-separated seeds, e.g. 1337,1,2 (default: the preset's)"
     )

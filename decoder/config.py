@@ -20,7 +20,7 @@ from decoder.attention import check_attention
 from decoder.mla import check_mla
 from decoder.positional import check_rope_scaling
 from decoder.tokenizer import TOKENIZERS
-from minigrad.backend import DEVICES, DeviceUnavailableError, get_xp
+from minigrad.backend import DEVICES, MATMUL_PRECISIONS, DeviceUnavailableError, get_xp
 from minigrad.functional.activations import GELU_FORMS
 
 FFNS = ("gelu", "swiglu", "moe")
@@ -165,6 +165,7 @@ class TrainConfig:
     seed: int = 1337  # seeds weights, batches and dropout
     device: str = "cpu"  # "cpu" or "cuda"
     dtype: str = "float32"  # parameters and activations; "float16": mixed precision
+    matmul_precision: str = "highest"  # GPU float32 products: "high" allows TF32 (nanoGPT's)
     tokenizer: str = "char"  # "char", "bpe" (trained here) or "gpt2" (tiktoken)
     bpe_vocab_size: int = 512  # vocabulary size when tokenizer == "bpe"
     sample_tokens: int = 300  # tokens printed as a sample at the end
@@ -177,6 +178,7 @@ class TrainConfig:
         _check_fields(self)
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
         _choice("tokenizer", self.tokenizer, TOKENIZERS)
         if self.min_lr > self.lr:
             raise ValueError(
@@ -226,7 +228,7 @@ PRESETS: dict[str, Preset] = {
     ),
     "baby-gpt": Preset(
         "nanoGPT's GPU Shakespeare run: 6 layers, 6 heads, 384 wide, context 256, 5000 steps, "
-        "exact GELU (nanoGPT's nn.GELU())",
+        "exact GELU (nanoGPT's nn.GELU()), TF32 products (its allow_tf32)",
         model=dict(
             block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2, gelu_approximate="none"
         ),
@@ -238,6 +240,7 @@ PRESETS: dict[str, Preset] = {
             warmup_iters=100,
             eval_iters=200,
             device="cuda",
+            matmul_precision="high",  # TF32, as nanoGPT's train.py allows it
         ),  # fmt: skip
     ),
     "tiny": Preset(

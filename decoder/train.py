@@ -384,6 +384,7 @@ def start_run(
         dist=dist,
         scaler=LossScaler(train_cfg.dtype) if train_cfg.dtype in LOW_PRECISION else None,
     )
+    say(matmul_text(train_cfg))
     if ckpt is None:
         say(f"training {parameters_text(model)}; the run directory is {out_dir}")
         return run
@@ -393,6 +394,24 @@ def start_run(
     restore(run, ckpt)
     say(f"resuming {out_dir} from step {run.step}")
     return run
+
+
+def matmul_text(train_cfg: TrainConfig) -> str:
+    """The header line that says how float32 matrices are multiplied in this run.
+
+    >>> matmul_text(TrainConfig(device="cuda", matmul_precision="high"))
+    'float32 products: TF32 on the GPU (matmul_precision=high: 10-bit inputs, float32 sums)'
+    """
+    if train_cfg.dtype != "float32":
+        return f"{train_cfg.dtype} products (matmul_precision applies to float32 only)"
+    if train_cfg.device == "cpu":
+        note = "; TF32 is a GPU mode, ignored here" if train_cfg.matmul_precision == "high" else ""
+        return f"float32 products: float32 on the CPU{note}"
+    if train_cfg.matmul_precision == "high":
+        return (
+            "float32 products: TF32 on the GPU (matmul_precision=high: 10-bit inputs, float32 sums)"
+        )
+    return "float32 products: float32 on the GPU (matmul_precision=high allows TF32)"
 
 
 def restore(run: Run, ckpt: Checkpoint) -> None:
@@ -516,11 +535,16 @@ def train(
         claim = claim_dir(out_dir, RUN_FILES, LATEST, resume=resume, overwrite=overwrite)
     else:
         claim = contextlib.nullcontext(Path(out_dir))
-    with claim as out_dir:
-        run = start_run(model_cfg, train_cfg, text, out_dir, resume, data_path, say, dist)
-        show_sample = progress and train_cfg.sample_tokens > 0
-        prompt = sample_prompt(run.tokenizer, train_cfg, run.data) if show_sample else ""
-        losses, tokens_per_s = loop(run, until, progress)
+    previous = mg.get_float32_matmul_precision()
+    mg.set_float32_matmul_precision(train_cfg.matmul_precision)  # the run's, until it ends
+    try:
+        with claim as out_dir:
+            run = start_run(model_cfg, train_cfg, text, out_dir, resume, data_path, say, dist)
+            show_sample = progress and train_cfg.sample_tokens > 0
+            prompt = sample_prompt(run.tokenizer, train_cfg, run.data) if show_sample else ""
+            losses, tokens_per_s = loop(run, until, progress)
+    finally:
+        mg.set_float32_matmul_precision(previous)
     result = {
         "step": run.step,
         "train_loss": run.losses.get("train", float("nan")),

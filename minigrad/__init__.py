@@ -8,7 +8,11 @@ loss.backward()          # x.grad now holds d(loss)/dx
 
 from minigrad.anomaly import AnomalyError, detect_anomaly
 from minigrad.autograd import Function, is_grad_enabled, no_grad
-from minigrad.backend import cuda_available
+from minigrad.backend import (
+    cuda_available,
+    get_float32_matmul_precision,
+    set_float32_matmul_precision,
+)
 from minigrad.creation import (
     arange,
     default_rng,
@@ -55,6 +59,7 @@ __all__ = [
     "float32",
     "float64",
     "full",
+    "get_float32_matmul_precision",
     "gradcheck",
     "int64",
     "is_grad_enabled",
@@ -66,6 +71,7 @@ __all__ = [
     "ones_like",
     "rand",
     "randn",
+    "set_float32_matmul_precision",
     "split",
     "stack",
     "take_along_axis",

@@ -154,3 +154,18 @@ def test_our_shards_reads_the_runs_train_config():
     assert got["shards_setting"] == 3 and got["shards"] in (1, 3)
     model_cfg, train_cfg = build_configs("shakespeare-char", **SMALL, shards=2, dropout=0.1)
     assert bench.our_shards(model_cfg, train_cfg)["shards"] == 1  # dropout: no shards
+
+
+@pytest.mark.parametrize("precision, shown", [(None, "TF32"), ("highest", "float32")])
+def test_both_sides_take_the_run_s_matmul_precision_and_the_report_names_it(
+    precision, shown, capsys
+):
+    args = argparse.Namespace(
+        preset="baby-gpt", iters=3, device="cuda", seed=1, eval_interval=None,
+        matmul_precision=precision,
+    )  # fmt: skip
+    _, train_cfg = bench.configs(args)
+    assert train_cfg.matmul_precision == (precision or "high")  # baby-gpt's TF32, as nanoGPT's
+    bench.report(args, {1: {"ours": [_run(95.0)], "torch": [_run(100.0, "torch")]}})
+    assert f"baby-gpt, 3 steps, cuda, {shown} products" in capsys.readouterr().out
+    assert "TF32" not in bench.GPU_DEPARTURES  # the reference allows it exactly when we do

@@ -242,3 +242,47 @@ def test_cuda_without_cupy_raises_a_clear_error(make):
         RuntimeError, match=r"device 'cuda' needs CuPy, which is not installed.*\[gpu\]"
     ):
         make()
+
+
+# ---- TF32: float32 products on the tensor cores ------------------------------------------------
+@pytest.fixture
+def precision():
+    """Put the global float32 matmul precision back after the test."""
+    yield
+    mg.set_float32_matmul_precision("highest")
+
+
+def test_tf32_rounds_inputs_to_ten_significand_bits(fake_cupy):
+    tf32 = fake_cupy._tf32
+    x = np.array([1 + 2**-11, 1 + 2**-12, -(1 + 3 * 2**-11), np.inf, np.nan], np.float32)
+    got = tf32(x)
+    assert got[:4].tolist() == [1 + 2**-10, 1.0, -(1 + 2**-9), np.inf]  # ties away from zero
+    assert np.isnan(got[4])
+
+
+@pytest.mark.usefixtures("precision")
+def test_high_precision_multiplies_float32_in_tf32_on_the_gpu_only(fake_cupy, rng):
+    a, b = rng.standard_normal((16, 64)), rng.standard_normal((64, 8))
+
+    def f32(x):
+        return mg.tensor(x, dtype="float32", device="cuda")
+
+    exact = a.astype(np.float32) @ b.astype(np.float32)
+    with pytest.raises(ValueError, match="use one of"):
+        mg.set_float32_matmul_precision("medium")
+    mg.set_float32_matmul_precision("high")
+    assert mg.get_float32_matmul_precision() == "high"
+    gpu = (f32(a) @ f32(b)).numpy()
+    want = fake_cupy._tf32(a.astype(np.float32)) @ fake_cupy._tf32(b.astype(np.float32))
+    np.testing.assert_array_equal(gpu, want)  # the stand-in's model of the tensor cores
+    err = np.abs(gpu - exact).max() / np.abs(exact).max()
+    assert 1e-5 < err < 1e-2  # about 2^-11 relative per input: far above float32's rounding
+    cpu = (mg.tensor(a, dtype="float32") @ mg.tensor(b, dtype="float32")).numpy()
+    np.testing.assert_array_equal(cpu, exact)  # NumPy has no TF32
+    double = mg.tensor(a, dtype="float64", device="cuda") @ mg.tensor(
+        b, dtype="float64", device="cuda"
+    )
+    np.testing.assert_allclose(double.numpy(), a @ b, rtol=1e-12)  # float64 untouched
+    mg.set_float32_matmul_precision("highest")
+    back = (f32(a) @ f32(b)).numpy()
+    np.testing.assert_array_equal(back, exact)

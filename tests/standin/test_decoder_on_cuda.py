@@ -39,7 +39,8 @@ TINY = dict(
     warmup_iters=1,
     eval_interval=2,
     eval_iters=1,
-    dropout=0.0,  # CuPy's dropout draws from its own generator: equal only without it
+    dropout=0.0,  # the device draws its dropout masks its own way: equal only without it
+    matmul_precision="highest",  # baby-gpt's TF32 rounds on the device only (see the tf32 test)
     sample_tokens=0,
 )
 N_HEAD = {"baby-gpt": 4}  # 6 heads do not divide 32
@@ -210,3 +211,14 @@ def test_dropout_and_exact_gelu_run_on_the_device(fake_cupy):
     assert np.isfinite(loss)
     y = F.gelu(mg.tensor([-1.0, 0.0, 2.0], device="cuda"), approximate="none")
     np.testing.assert_allclose(y.numpy(), [-0.158655, 0.0, 1.954500], atol=1e-6)
+
+
+def test_tf32_training_is_the_run_s_choice_and_ends_with_it(tmp_path, fake_cupy):
+    highest = run("tiny", "cuda", tmp_path / "highest", max_iters=3)
+    high = run("tiny", "cuda", tmp_path / "high", max_iters=3, matmul_precision="high")
+    assert mg.get_float32_matmul_precision() == "highest"  # put back when the run ends
+    diff = np.abs(np.subtract(high["losses"], highest["losses"])).max()
+    assert 0 < diff < 1e-2  # TF32's 2^-11 input rounding: seen in the losses, and small
+    assert PRESETS["baby-gpt"].train["matmul_precision"] == "high"  # as nanoGPT allows TF32
+    with pytest.raises(ValueError, match="matmul_precision='medium' is not one of"):
+        configs("tiny", "cuda", matmul_precision="medium")

@@ -43,6 +43,17 @@ def test_what_cupy_allows_works_on_the_device(fake_cupy):
     assert y.get().tolist() == [1.0, 7.0] and x.tolist() == [0.0, 5.0, 2.0, 3.0]
 
 
+def test_add_at_adds_repeated_indices_and_the_deprecated_scatter_add_is_gone(fake_cupy):
+    import cupyx
+
+    x = fake_cupy.zeros(3)
+    fake_cupy.add.at(x, np.array([0, 0, 2]), fake_cupy.asarray([1.0, 2.0, 5.0]))
+    assert x.tolist() == [3.0, 0.0, 5.0] and fake_cupy.add(x, x).tolist() == [6.0, 0.0, 10.0]
+    with pytest.raises(TypeError, match="Unsupported type"):
+        fake_cupy.add.at(np.zeros(3), np.array([0]), 1.0)  # CuPy's ufunc wants device arrays
+    assert not hasattr(cupyx, "scatter_add")  # CuPy warns: the project uses cupy.add.at
+
+
 @pytest.mark.parametrize(
     "to_host",
     [
@@ -95,7 +106,7 @@ def test_flash_kernel_on_device_arrays_is_the_emulated_kernel(fake_cupy):
     rng = np.random.default_rng(0)
     q, k, v, g = (rng.standard_normal((1, 2, 7, 16)).astype(np.float32) for _ in range(4))
     tensors = [mg.tensor(a, device="cuda", requires_grad=True) for a in (q, k, v)]
-    out = F.scaled_dot_product_attention(*tensors, causal=True)
+    out = F.scaled_dot_product_attention(*tensors, causal=True, impl="flash")
     out.backward(mg.tensor(g, device="cuda"))
     o, lse = flash_attention_forward_cuda(q, k, v, True, None, None)
     grads = flash_attention_backward_cuda(q, k, v, o, lse, g, True, None, None)
@@ -107,3 +118,26 @@ def test_flash_kernel_on_device_arrays_is_the_emulated_kernel(fake_cupy):
 def test_a_cupy_array_made_before_cuda_was_asked_for_is_on_cuda(fake_cupy):
     x = fake_cupy.ones(3)  # straight from cupy: minigrad has not imported it yet
     assert backend.xp_of(x) is fake_cupy and mg.Tensor(x).device == "cuda"
+
+
+def test_each_kernel_is_counted_and_views_are_not(fake_cupy):
+    cp = fake_cupy
+
+    def launches(fn):
+        before = cp.kernel_launches
+        fn()
+        return cp.kernel_launches - before
+
+    x = cp.arange(6.0)  # a fill: one kernel
+    assert cp.kernel_launches == 1 and cp.bytes_allocated == 48
+    assert launches(lambda: x.reshape(2, 3).T[0]) == 0  # views
+    assert launches(lambda: x + 1) == launches(lambda: 2.0 * x) == 1
+    assert launches(lambda: x.sum()) == launches(lambda: cp.exp(x)) == 1
+    assert launches(lambda: x[np.array([0, 2])]) == 1  # a gather
+    assert launches(lambda: x.__iadd__(1.0)) == launches(lambda: x.__setitem__(0, 5.0)) == 1
+    assert launches(lambda: cp.add.at(x, np.array([0, 0]), 1.0)) == 1
+    before = cp.bytes_allocated
+    assert launches(lambda: cp.empty((4, 4), dtype=np.float32)) == 0  # memory, no kernel
+    assert cp.bytes_allocated - before == 64
+    assert launches(lambda: cp.random.RandomState(0).random_sample(3)) == 1
+    assert cp.generators_created == 1

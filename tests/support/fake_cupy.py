@@ -26,6 +26,13 @@ Where it matters, it behaves as CuPy does (``cupy/_core/core.pyx``):
   ``allGather`` on the memory behind device pointers (``x.data.ptr``), through the mpi4py
   communicator a test hands it in ``cuda.nccl.mpi_comm``: no device-to-host transfer counted,
   as none happens on GPUs. Like NCCL, it refuses two ranks on one GPU.
+- ``kernel_launches`` counts what CuPy would launch: each operator, function, reduction,
+  copy, gather, item assignment, ``add.at``, RawKernel call and random draw on device arrays;
+  a result that shares memory with an input (a reshape, a transpose, a basic slice) is a view
+  and counts none, and ``empty`` only allocates. ``bytes_allocated`` adds up the new arrays'
+  sizes and ``generators_created`` the RandomStates made (bench/gpu_step_counts.py reads all).
+- ``cupy._core._routines_linalg.set_compute_type(float32, COMPUTE_TYPE_TF32)`` makes float32
+  products round their inputs to TF32 (10 significand bits), as the tensor cores do.
 
 Left out on purpose: streams, memory pools, and every CuPy function the project does not
 call (asking for one raises AttributeError naming it: add it here if CuPy has it).
@@ -43,6 +50,9 @@ import numpy as np
 
 device_to_host = 0  # transfers so far: explicit (get, asnumpy) and implicit (item, float, ...)
 host_to_device = 0  # copies of host data in: asarray/array of host data, host indices and values
+kernel_launches = 0  # device kernels: each operator, function, reduction, copy, kernel and draw
+generators_created = 0  # random generators made (cupy.random.RandomState)
+bytes_allocated = 0  # bytes of the new arrays those kernels made (views and results of none)
 
 _HOST_ERROR = (
     "Implicit conversion to a NumPy array is not allowed. "
@@ -84,6 +94,23 @@ def _host_in(x: Any) -> Any:
     return _dev(x)
 
 
+def _launched(r: Any, *inputs: Any) -> Any:
+    """Count one kernel launch and the new device memory its result holds; wrap the result.
+
+    A result that shares memory with an input is a view (a reshape, a transpose, a basic
+    slice): CuPy launches nothing for it, so neither does this count.
+    """
+    global kernel_launches, bytes_allocated
+    results = r if isinstance(r, (tuple, list)) else (r,)
+    arrays = [np.asarray(a) for a in results if isinstance(a, (np.ndarray, np.generic))]
+    sources = [a for a in inputs if isinstance(a, np.ndarray)]
+    fresh = [a for a in arrays if not any(np.may_share_memory(a, b) for b in sources)]
+    if fresh or not arrays:  # a new array, or an in-place kernel that returns none
+        kernel_launches += 1
+        bytes_allocated += sum(a.nbytes for a in fresh)
+    return _wrap(r)
+
+
 def _wrap(r: Any) -> Any:
     """Results as device arrays: NumPy scalars become 0-d arrays, as CuPy's reductions give."""
     if isinstance(r, (np.ndarray, np.generic)):
@@ -119,7 +146,7 @@ class ndarray:  # noqa: N801 (CuPy's name)
         # on the device, so the operator forms with NumPy scalars are let through.
         scalars_only = all(isinstance(v, (ndarray, np.generic, int, float)) for v in inputs)
         if method == "__call__" and not kwargs and scalars_only and ufunc.__name__ in _OPERATORS:
-            return _wrap(ufunc(*[_dev(v) for v in inputs]))
+            return _launched(ufunc(*[_dev(v) for v in inputs]))
         raise TypeError(
             f"numpy.{ufunc.__name__}{'' if method == '__call__' else '.' + method} was given a "
             f"cupy array: NumPy cannot compute on device memory; call it from the array's own "
@@ -183,16 +210,22 @@ class ndarray:  # noqa: N801 (CuPy's name)
         parts = index if isinstance(index, tuple) else (index,)
         if any(isinstance(p, np.ndarray) and p.dtype == bool for p in parts):
             _to_host(self._a)  # CuPy counts the mask's True entries on the host
-        return _wrap(self._a[index])
+        result = self._a[index]
+        if isinstance(result, np.generic):  # one element: CuPy gives a 0-d view, no kernel
+            return _wrap(result)
+        return _launched(result, self._a)  # a basic slice is a view: no kernel either
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self._a[_host_in(index)] = _host_in(value)
+        _launched(None)
 
     def __getattr__(self, name: str) -> Any:
         if name not in _METHODS:
             raise AttributeError(f"the CuPy stand-in has no ndarray.{name}; add it if CuPy has it")
         method = getattr(self._a, name)
-        return lambda *args, **kwargs: _wrap(method(*_dev(args), **_dev_kwargs(kwargs)))
+        return lambda *args, **kwargs: _launched(
+            method(*_dev(args), **_dev_kwargs(kwargs)), self._a, *_dev(args)
+        )
 
 
 def _dev_kwargs(kwargs: dict) -> dict:
@@ -213,20 +246,21 @@ _OPERATORS = frozenset(
 
 
 def _unary(fn: Any) -> Any:
-    return lambda self: _wrap(fn(self._a))
+    return lambda self: _launched(fn(self._a))
 
 
 def _binary(fn: Any) -> Any:
-    return lambda self, other: _wrap(fn(self._a, _dev(other)))
+    return lambda self, other: _launched(fn(self._a, _dev(other)))
 
 
 def _reflected(fn: Any) -> Any:
-    return lambda self, other: _wrap(fn(_dev(other), self._a))
+    return lambda self, other: _launched(fn(_dev(other), self._a))
 
 
 def _inplace(fn: Any) -> Any:
     def op(self: ndarray, other: Any) -> ndarray:
         self._a = fn(self._a, _dev(other))  # operator.iadd & co. write into the array itself
+        _launched(None)
         return self
 
     return op
@@ -243,6 +277,34 @@ for _name in "neg pos abs invert".split():
     setattr(ndarray, f"__{_name}__", _unary(getattr(operator, _name)))
 
 
+# ---- float32 matrix products: exact, or TF32 (cupy._core._routines_linalg's compute type) ----
+_compute_types: dict[np.dtype, int] = {}
+_routines_linalg = types.SimpleNamespace(
+    COMPUTE_TYPE_DEFAULT=1,
+    COMPUTE_TYPE_TF32=7,
+    set_compute_type=lambda dtype, kind: _compute_types.__setitem__(np.dtype(dtype), kind),
+    get_compute_type=lambda dtype: _compute_types.get(np.dtype(dtype), 1),
+)
+_core = types.SimpleNamespace(_routines_linalg=_routines_linalg)
+
+
+def _tf32(a: np.ndarray) -> np.ndarray:
+    """float32 rounded to TF32 as the tensor cores take it (PTX cvt.rna.tf32.f32): 10 significand
+    bits, to nearest with ties away from zero; inf and NaN as they are."""
+    rounded = ((a.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(np.isfinite(a), rounded, a)
+
+
+def _matmul(a: Any, b: Any) -> Any:
+    tf32 = _compute_types.get(np.dtype(np.float32)) == _routines_linalg.COMPUTE_TYPE_TF32
+    if tf32 and np.result_type(a, b) == np.float32:
+        a, b = _tf32(np.asarray(a, np.float32)), _tf32(np.asarray(b, np.float32))
+    return np.matmul(a, b)
+
+
+ndarray.__matmul__, ndarray.__rmatmul__ = _binary(_matmul), _reflected(_matmul)
+
+
 # ---- the cupy namespace ----------------------------------------------------------------------
 def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
     """Device data as is (or cast); host data copied to the device."""
@@ -253,13 +315,14 @@ def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
 
 def array(a: Any, dtype: Any = None, copy: bool = True) -> ndarray:
     if isinstance(a, ndarray):
-        return ndarray._of(np.array(a._a, dtype=dtype, copy=copy))
+        return _launched(np.array(a._a, dtype=dtype, copy=copy), a._a)
     host = _from_host(_dev(a) if isinstance(a, (list, tuple)) else a)
     return ndarray._of(np.array(host, dtype=dtype))
 
 
 def ascontiguousarray(a: Any, dtype: Any = None) -> ndarray:
-    return ndarray._of(np.ascontiguousarray(asarray(a)._a, dtype=dtype))
+    source = asarray(a)._a
+    return _launched(np.ascontiguousarray(source, dtype=dtype), source)
 
 
 def asnumpy(a: Any) -> np.ndarray:
@@ -274,12 +337,20 @@ def get_array_module(*args: Any) -> types.ModuleType:
 
 def _device_function(fn: Any) -> Any:
     def on_device(*args: Any, **kwargs: Any) -> Any:
-        return _wrap(fn(*_dev(args), **_dev_kwargs(kwargs)))
+        inputs = _dev(args)
+        result = fn(*inputs, **_dev_kwargs(kwargs))
+        if fn.__name__ in _ALLOCATE_ONLY:  # memory, no kernel to fill it
+            global bytes_allocated
+            bytes_allocated += result.nbytes
+            return _wrap(result)
+        flat = [x for x in inputs for x in (x if isinstance(x, (list, tuple)) else (x,))]
+        return _launched(result, *flat)
 
     on_device.__name__ = fn.__name__
     return on_device
 
 
+_ALLOCATE_ONLY = frozenset(("empty", "empty_like"))
 # NumPy functions CuPy has, run on the arrays behind the device arrays
 _FUNCTIONS = (
     "abs absolute add all any arange argmax argmin argsort atleast_1d bincount broadcast_to ceil "
@@ -292,6 +363,25 @@ _FUNCTIONS = (
     "tile transpose tril triu true_divide var vdot where zeros zeros_like"
 ).split()
 _NAMESPACE = {name: _device_function(getattr(np, name)) for name in _FUNCTIONS}
+_NAMESPACE["matmul"] = _device_function(_matmul)  # honours the compute type, as @ does
+
+
+class _AddUfunc:
+    """cupy.add: called as the function, and ``add.at(a, indices, b)``, the in-place add with
+    repeated indices adding up (what replaces the deprecated ``cupyx.scatter_add``)."""
+
+    __name__ = "add"
+    __call__ = staticmethod(_NAMESPACE["add"])
+
+    @staticmethod
+    def at(a: ndarray, indices: Any, b: Any) -> None:
+        if not isinstance(a, ndarray):
+            raise TypeError(f"Unsupported type {type(a)}")
+        np.add.at(a._a, _host_in(indices), _dev(b))
+        _launched(None)
+
+
+_NAMESPACE["add"] = _AddUfunc()
 # dtypes and constants are NumPy's own, as in CuPy
 _NAMESPACE.update(
     (name, getattr(np, name))
@@ -316,13 +406,15 @@ class _RandomState:
     """cupy.random.RandomState: its own stream (CuPy's is not NumPy's either)."""
 
     def __init__(self, seed: int) -> None:
+        global generators_created
+        generators_created += 1
         self._rng = np.random.default_rng(seed)
 
     def random_sample(self, size: Any = None, dtype: Any = float) -> ndarray:
-        return ndarray._of(np.asarray(self._rng.random(size, dtype=dtype)))
+        return _launched(np.asarray(self._rng.random(size, dtype=dtype)))
 
     def standard_normal(self, size: Any = None, dtype: Any = float) -> ndarray:
-        return ndarray._of(np.asarray(self._rng.standard_normal(size, dtype=dtype)))
+        return _launched(np.asarray(self._rng.standard_normal(size, dtype=dtype)))
 
 
 random = types.SimpleNamespace(RandomState=_RandomState)
@@ -419,6 +511,7 @@ class RawKernel:
 
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         self._kernel(grid, block, tuple(_dev(a) for a in args), shared_mem=shared_mem)
+        _launched(None)
 
 
 class RawModule:
@@ -431,16 +524,12 @@ class RawModule:
         return RawKernel(self.code, name, self.options)
 
 
-# ---- cupyx: scatter_add and the special functions ----------------------------------------------
-def _scatter_add(a: ndarray, slices: Any, value: Any) -> None:
-    np.add.at(a._a, _host_in(slices), _dev(value))
-
-
+# ---- cupyx: the special functions (not scatter_add: CuPy deprecates it for cupy.add.at) -----
 def _elementwise(fn: Any) -> Any:
     def special(x: ndarray) -> ndarray:
         a = _dev(x)
         out = np.vectorize(fn, otypes=[np.float64])(a)
-        return ndarray._of(out.astype(a.dtype if a.dtype.kind == "f" else np.float64))
+        return _launched(out.astype(a.dtype if a.dtype.kind == "f" else np.float64))
 
     special.__name__ = fn.__name__
     return special
@@ -451,7 +540,7 @@ _special.erf, _special.erfc = _elementwise(math.erf), _elementwise(math.erfc)
 _scipy = types.ModuleType("cupyx.scipy")
 _scipy.special = _special
 _cupyx = types.ModuleType("cupyx")
-_cupyx.scipy, _cupyx.scatter_add = _scipy, _scatter_add
+_cupyx.scipy = _scipy
 # what the fixture puts in sys.modules beside this module itself
 MODULES = {
     "cupyx": _cupyx,

@@ -67,14 +67,16 @@ bench-train: $(VENV)/.stamp-oracle
 	$(PY) bench/train_vs_torch.py $(ARGS)
 	$(PY) bench/generate_vs_torch.py
 
-# On a machine with an NVIDIA GPU: GPU tests, compute-sanitizer on the kernels, the GPU
-# benchmarks (minutes: those dominate); writes bench/results/gpu-<gpu name>.md.
+# On a machine with an NVIDIA GPU: GPU tests, the GPU benchmarks, compute-sanitizer on the
+# kernels, within --budget seconds; writes bench/results/gpu-<gpu name>.md. On a CUDA image
+# (python3 with numpy, cupy, torch and pytest; no venv, nothing to install), name its python:
+# `make gpu-check GPU_PYTHON=python3`.
 $(VENV)/.stamp-gpu: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle
 	$(INSTALL) -e '.[gpu]'
 	touch $@
 
-gpu-check: $(VENV)/.stamp-gpu
-	$(PY) bench/gpu_check.py $(ARGS)
+gpu-check: $(if $(GPU_PYTHON),,$(VENV)/.stamp-gpu)
+	PYTHONPATH=. $(or $(GPU_PYTHON),$(PY)) bench/gpu_check.py $(ARGS)
 
 lessons: $(VENV)/.stamp-dev
 	$(VENV)/bin/jupyter notebook lessons/

@@ -1,31 +1,47 @@
 """`make gpu-check`: everything that needs an NVIDIA GPU, in one command and one report.
 
-On a machine with a GPU and `pip install -e '.[gpu]'` (and torch, for the two benchmarks),
-runs in order, each in its own process, and goes on after a failure:
+Made for a short GPU lease: it runs with nothing but what CUDA images carry (`python3` with
+numpy, cupy, torch and pytest; no venv: `PYTHONPATH=. python3 bench/gpu_check.py`), in under 8
+minutes on an H100, and a `--budget` stops it in time. In order, each step in its own process,
+going on after a failure:
 
-1. every GPU-only test (`pytest -m gpu`);
-2. compute-sanitizer's memcheck, racecheck and synccheck on the flash-attention kernels, on a
+1. every GPU-only test (`pytest -m gpu`), on several workers where pytest-xdist is installed
+   (serially where not; the report says which);
+2. the benchmarks, before the sanitizers so that a short lease still measures: the kernels'
+   forward and backward timed apart (this script again, with --kernel-split), the GPU half of
+   bench/attention.py (--device cuda --skip-kv), the counts of bench/kernel_counts.py
+   (--no-emulate; a note in the report where the script is absent), and a short
+   bench/train_vs_torch.py --device cuda (baby-gpt);
+3. compute-sanitizer's memcheck, racecheck and synccheck on the flash-attention kernels, on a
    small case and an odd-sized one (this script again, with --kernel-case, checks the
-   kernels' output against the NumPy twin so a crashed run never reads as clean);
-3. the GPU half of bench/attention.py (--device cuda --skip-kv);
-4. a short bench/train_vs_torch.py --device cuda (baby-gpt, 300 steps).
+   kernels' output against the NumPy twin so a crashed run never reads as clean).
+
+With `--budget SECONDS` (the default fits an 8-minute lease), a step starts only if its
+expected time (`Step.seconds`: the H200 run's, rounded up, or a guess) fits in what is left, and it
+is given what is left as its timeout (its whole process group is stopped then); a step that does
+not fit is listed as skipped for the budget. The report is written either way.
 
 Then writes bench/results/gpu-<gpu name>.md: the GPU, driver and library versions, a summary
-table (one line per step: passed or failed, the numbers that matter, the time) and the tail
-of each step's output. Exits 1 if any step failed.
+table (one line per step: passed, failed or skipped, the numbers that matter, the time), the
+kernel counts in full and the tail of each other step's output. Exits 1 if any step failed.
 
 The parsing and the report writing are plain functions on text, tested on recorded outputs in
 tests/kernels/test_gpu_check.py, so this works the first time it meets a GPU.
-Usage: python bench/gpu_check.py [--out bench/results] [--iters 300] [--skip-bench]
+Usage: python3 bench/gpu_check.py [--out bench/results] [--iters 300] [--skip-bench]
+       [--budget SECONDS] [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
+import importlib.util
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -42,7 +58,14 @@ KERNEL_CASES = {"small": (1, 2, 1, 32, 32, 64), "odd": (2, 3, 1, 37, 53, 80)}
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 KERNEL_TOL = 2e-4  # float32 kernels against the float64 twin, as in the GPU tests
 TAIL_LINES = 40  # lines of each step's output kept in the report
-TIMEOUT_S = 3600  # per step: the benchmarks on a slow GPU take minutes, not an hour
+TIMEOUT_S = 3600  # per step without a budget: the benchmarks on a slow GPU take minutes
+BUDGET_S = 450  # the default --budget: an 8-minute lease less the start and the copy back
+WORKERS = 8  # pytest-xdist workers for the GPU tests (on the H200's 16 cores: 100 s)
+# The kernel split: causal float32 attention at the shape of the attention benchmark.
+SPLIT_SHAPE = (4, 8, 64)  # B, nh, hs
+SPLIT_T = (1024, 4096, 16384)
+SPLIT_REPS = 5
+COUNTS_SCRIPT = ROOT / "bench" / "kernel_counts.py"
 
 
 @dataclass
@@ -51,12 +74,15 @@ class Step:
 
     title: str
     command: list[str]
-    kind: str  # which parser reads its output: tests, sanitizer, attention, train
+    kind: str  # which parser reads its output: tests, a sanitizer, split, attention, ...
+    seconds: float = 0  # expected time: the step starts only if this fits the budget left
+    absent: str = ""  # why it cannot run on this machine (then skipped, with this reason)
 
 
 @dataclass
 class Result:
-    """What a step did: passed (None: not run), and a one-line summary of its numbers."""
+    """What a step did: passed (None: skipped, the summary says why), and a one-line summary
+    of its numbers."""
 
     step: Step
     passed: bool | None
@@ -187,8 +213,34 @@ def parse_train(output: str) -> tuple[bool, str]:
     return abs(ours - torch) <= 0.05, summary
 
 
+def parse_split(output: str) -> tuple[bool, str]:
+    """(passed, summary) of `--kernel-split`: the kernels' forward and backward ms at each T.
+
+    A row is '   4096     11.20     35.70     46.90'; a T that failed prints a line
+    '  (kernel at T=... failed: ...)' instead, and fails the step.
+    """
+    rows = re.findall(r"^ *(\d+) +([\d.]+) +([\d.]+) +[\d.]+ *$", output, re.M)
+    errors = re.findall(r"^ +\(kernel at (T=\d+) failed", output, re.M)
+    if not rows and not errors:
+        return False, "no kernel split table in the output"
+    summary = "forward / backward ms: " + ", ".join(f"T={T} {f} / {b}" for T, f, b in rows)
+    if errors:
+        summary += "; failed at " + ", ".join(errors)
+    return bool(rows) and not errors, summary
+
+
+def parse_counts(output: str) -> tuple[bool, str]:
+    """(passed, summary) of `bench/kernel_counts.py`: its table goes into the report whole,
+    under its own heading, so the summary only points there."""
+    if not output.strip():
+        return False, "no output"
+    return True, f"{len(output.strip().splitlines())} lines, in full under Kernel counts"
+
+
 PARSERS = {
     "tests": parse_pytest,
+    "split": parse_split,
+    "counts": parse_counts,
     "memcheck": lambda out: parse_sanitizer(out, "memcheck"),
     "racecheck": lambda out: parse_sanitizer(out, "racecheck"),
     "synccheck": lambda out: parse_sanitizer(out, "synccheck"),
@@ -202,25 +254,30 @@ PARSERS = {
 
 
 def render_report(environment: dict[str, str], results: list[Result], when: str) -> str:
-    """The markdown report: environment, one summary row per step, then each step's tail."""
+    """The markdown report: environment, one summary row per step, the kernel counts in full,
+    then the tail of each other step that ran."""
     lines = [f"# GPU check: {environment.get('GPU', 'unknown GPU')}", ""]
     lines += [f"Written by `make gpu-check` (bench/gpu_check.py) on {when}.", ""]
     lines += ["| | |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in environment.items()]
     counts = {
         word: sum(r.passed is value for r in results)
-        for word, value in (("passed", True), ("FAILED", False), ("not run", None))
+        for word, value in (("passed", True), ("FAILED", False), ("skipped", None))
     }
     tally = ", ".join(f"{n} {word}" for word, n in counts.items() if n)
     lines += ["", f"## Summary: {len(results)} steps, {tally}", ""]
     lines += ["| step | result | details | time |", "|---|---|---|---|"]
     for r in results:
-        verdict = {True: "passed", False: "**FAILED**", None: "not run"}[r.passed]
+        verdict = {True: "passed", False: "**FAILED**", None: "skipped"}[r.passed]
         details = r.summary.replace("|", "\\|")
         lines.append(f"| {r.step.title} | {verdict} | {details} | {r.seconds:.0f} s |")
+    for r in results:
+        if r.step.kind == "counts":
+            lines += ["", "## Kernel counts", "", f"`{' '.join(r.step.command)}`", ""]
+            lines += ["```", r.output.rstrip(), "```"] if r.output.strip() else [r.summary]
     lines += ["", "## Output of each step", ""]
     for r in results:
-        if r.passed is None:
+        if r.passed is None or r.step.kind == "counts":
             continue
         tail = r.output.rstrip().splitlines()[-TAIL_LINES:]
         lines += [f"### {r.step.title}", "", f"`{' '.join(r.step.command)}`", "", "```"]
@@ -241,47 +298,70 @@ def report_path(out_dir: Path, gpu_name: str) -> Path:
 # Running
 
 
-def plan(python: str, iters: int, sanitizer: str | None, skip_bench: bool) -> list[Step]:
-    """The commands of the check, in order. Without compute-sanitizer its steps are absent
-    (`main` reports them as not run)."""
+def plan(
+    python: str,
+    iters: int,
+    sanitizer: str | None,
+    skip_bench: bool,
+    workers: int = 0,
+    counts: bool = True,
+) -> list[Step]:
+    """The commands of the check, in order: tests, benchmarks, sanitizers. ``workers`` 0 runs
+    the tests serially (no pytest-xdist); without compute-sanitizer or bench/kernel_counts.py
+    (``counts`` False) their step is there, ``absent``."""
+    script = str(ROOT / "bench" / "gpu_check.py")
     # No -q: pyproject's addopts already has one, and a second drops pytest's summary line.
-    steps = [
-        Step(
-            "GPU tests (pytest -m gpu)",
-            [python, "-m", "pytest", "-m", "gpu", "-p", "no:xdist", "-rfEs", "tests"],
-            "tests",
-        )
-    ]
-    if sanitizer is not None:
-        for tool in SANITIZER_TOOLS:
-            for case in KERNEL_CASES:
-                command = [sanitizer, "--tool", tool, "--error-exitcode", "1", python]
-                command += [str(ROOT / "bench" / "gpu_check.py"), "--kernel-case", case]
-                steps.append(Step(f"{tool}, {case} case {KERNEL_CASES[case]}", command, tool))
+    tests = [python, "-m", "pytest", "-m", "gpu", "-rfEs"]
+    tests += ["-n", str(workers)] if workers else ["-p", "no:xdist"]
+    tests.append("tests")
+    how = f"{workers} xdist workers" if workers else "serial: pytest-xdist is not installed"
+    # Expected seconds: the H200 run's, rounded up; the serial tests and the counts are guesses.
+    steps = [Step(f"GPU tests (pytest -m gpu, {how})", tests, "tests", 120 if workers else 300)]
     if not skip_bench:
+        split = [python, script, "--kernel-split"]
+        steps.append(Step("kernel split (forward, backward)", split, "split", 20))
         attention = [python, str(ROOT / "bench" / "attention.py"), "--device", "cuda", "--skip-kv"]
-        steps.append(Step("bench/attention.py --device cuda", attention, "attention"))
+        steps.append(Step("bench/attention.py --device cuda", attention, "attention", 80))
+        counted = [python, str(COUNTS_SCRIPT), "--no-emulate"]
+        absent = "" if counts else "bench/kernel_counts.py is not in this checkout: no counts"
+        steps.append(Step("bench/kernel_counts.py --no-emulate", counted, "counts", 30, absent))
         train = [python, str(ROOT / "bench" / "train_vs_torch.py"), "--device", "cuda"]
         train += ["--iters", str(iters), "--quiet"]
-        steps.append(Step(f"bench/train_vs_torch.py baby-gpt, {iters} steps", train, "train"))
+        steps.append(Step(f"bench/train_vs_torch.py baby-gpt, {iters} steps", train, "train", 90))
+    if sanitizer is None:
+        missing = "compute-sanitizer is not on PATH: install the CUDA toolkit to run it"
+        steps.append(Step("compute-sanitizer (all tools)", [], "none", 0, missing))
+        return steps
+    for tool in SANITIZER_TOOLS:
+        for case in KERNEL_CASES:
+            command = [sanitizer, "--tool", tool, "--error-exitcode", "1", python, script]
+            command += ["--kernel-case", case]
+            steps.append(Step(f"{tool}, {case} case {KERNEL_CASES[case]}", command, tool, 10))
     return steps
 
 
 def run(step: Step, timeout: float = TIMEOUT_S) -> Result:
-    """Run one step, capturing stdout and stderr together, and parse its output."""
+    """Run one step, capturing stdout and stderr together, and parse its output.
+
+    The step runs in its own process group, so a timeout stops all of it (pytest's xdist
+    workers too), not only the process started here.
+    """
     print(f"== {step.title}: {' '.join(step.command)}", flush=True)
     start = time.perf_counter()
+    proc = subprocess.Popen(
+        step.command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            step.command,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-        )
-        output, returncode = proc.stdout, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        output, returncode = (e.stdout or b"") + b"\n(timed out)", None
+        output, _ = proc.communicate(timeout=timeout)
+        returncode = proc.returncode
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+            os.killpg(proc.pid, signal.SIGKILL)
+        output, returncode = proc.communicate()[0] + b"\n(timed out)", None
     output = output.decode(errors="replace")
     seconds = time.perf_counter() - start
     passed, summary = PARSERS[step.kind](output)
@@ -290,6 +370,25 @@ def run(step: Step, timeout: float = TIMEOUT_S) -> Result:
         summary += "; timed out" if returncode is None else f"; exit code {returncode}"
     print(f"   {'passed' if passed else 'FAILED'}: {summary} ({seconds:.0f} s)", flush=True)
     return Result(step, passed, summary, seconds, output)
+
+
+def run_within(steps: list[Step], deadline: float | None) -> list[Result]:
+    """Run the steps in order. With a ``deadline`` (time.monotonic()), a step starts only if
+    its expected seconds fit in what is left, which is then its timeout; the others, and the
+    steps ``absent`` here, are skipped with the reason."""
+    results = []
+    for step in steps:
+        left = TIMEOUT_S if deadline is None else deadline - time.monotonic()
+        why = step.absent
+        if not why and (left <= 0 or step.seconds > left):
+            why = "skipped for the budget: "
+            why += f"needs about {step.seconds:.0f} s, {max(left, 0):.0f} s left"
+        if why:
+            print(f"== {step.title}: {why}", flush=True)
+            results.append(Result(step, None, why, 0, ""))
+        else:
+            results.append(run(step, timeout=left))
+    return results
 
 
 def _version(distribution: str) -> str:
@@ -372,15 +471,87 @@ def kernel_case(name: str) -> int:
     return 0 if verdict == "ok" else 1
 
 
+def kernel_split() -> int:
+    """Time the kernels' forward and their backward apart, at SPLIT_SHAPE for each T in SPLIT_T
+    (causal float32; best of SPLIT_REPS after a warm-up, the device synchronised around each
+    call); print one row per T. The process of the "kernel split" step."""
+    import functools
+
+    import cupy
+    import numpy as np
+
+    from minigrad.kernels.flash_attention_cuda import (
+        flash_attention_backward_cuda,
+        flash_attention_forward_cuda,
+    )
+
+    B, nh, hs = SPLIT_SHAPE
+    rng = np.random.default_rng(0)
+    print(f"kernel split: causal float32, B={B} nh={nh} hs={hs}, best of {SPLIT_REPS}, ms")
+    print(f"{'T':>7}{'forward':>10}{'backward':>10}{'total':>10}")
+    failed = 0
+    for T in SPLIT_T:
+        try:
+            shape = (B, nh, T, hs)
+            q, k, v, grad_o = (
+                cupy.asarray(rng.standard_normal(shape, dtype=np.float32)) for _ in range(4)
+            )
+            forward = functools.partial(flash_attention_forward_cuda, q, k, v)
+            o, lse = forward()
+            backward = functools.partial(flash_attention_backward_cuda, q, k, v, o, lse, grad_o)
+            fwd_ms, bwd_ms = best_ms(forward), best_ms(backward)
+        except Exception as e:  # out of memory, or a launch the kernel refuses: the next T
+            print(f"  (kernel at T={T} failed: {type(e).__name__}: {e})")
+            failed += 1
+            continue
+        print(f"{T:>7}{fwd_ms:>10.2f}{bwd_ms:>10.2f}{fwd_ms + bwd_ms:>10.2f}")
+    return 1 if failed else 0
+
+
+def best_ms(fn) -> float:
+    """The best of SPLIT_REPS calls of ``fn`` in milliseconds, after one warm-up (it compiles
+    the kernel), the device synchronised after each."""
+    import cupy
+
+    device = cupy.cuda.Device()
+    fn()
+    device.synchronize()
+    times = []
+    for _ in range(SPLIT_REPS):
+        start = time.perf_counter()
+        fn()
+        device.synchronize()
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times)
+
+
+def xdist_workers(requested: int | None) -> int:
+    """pytest-xdist workers for the GPU tests: ``requested``, else WORKERS capped by the CPU
+    count; 0 (serial) where pytest-xdist is not installed."""
+    if importlib.util.find_spec("xdist") is None:
+        return 0
+    return requested if requested is not None else min(WORKERS, os.cpu_count() or 1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--iters", type=int, default=300, help="train_vs_torch steps")
     parser.add_argument("--skip-bench", action="store_true", help="tests and sanitizers only")
+    parser.add_argument(
+        "--budget", type=float, default=BUDGET_S, help="seconds for all steps (0: no limit)"
+    )
+    parser.add_argument(
+        "--workers", type=int, help=f"xdist workers (default {WORKERS}, at most the CPU count)"
+    )
     parser.add_argument("--kernel-case", choices=sorted(KERNEL_CASES), help=argparse.SUPPRESS)
+    parser.add_argument("--kernel-split", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.kernel_case:
         return kernel_case(args.kernel_case)
+    if args.kernel_split:
+        return kernel_split()
+    deadline = time.monotonic() + args.budget if args.budget > 0 else None
     if shutil.which("nvidia-smi") is None:
         raise SystemExit("make gpu-check needs an NVIDIA GPU and its driver (nvidia-smi)")
     try:
@@ -391,12 +562,13 @@ def main() -> int:
         raise SystemExit(f"cupy cannot use the GPU ({e}): pip install -e '.[gpu]'") from None
     sanitizer = shutil.which("compute-sanitizer")
     env = environment(sanitizer)
-    results = [run(step) for step in plan(sys.executable, args.iters, sanitizer, args.skip_bench)]
-    if sanitizer is None:
-        missing = "compute-sanitizer is not on PATH: install the CUDA toolkit to run it"
-        results.insert(
-            1, Result(Step("compute-sanitizer (all tools)", [], "none"), None, missing, 0, "")
-        )
+    workers = xdist_workers(args.workers)
+    env["pytest workers"] = f"{workers} (pytest-xdist)" if workers else "serial (no pytest-xdist)"
+    env["budget"] = f"{args.budget:.0f} s" if deadline is not None else "none"
+    steps = plan(
+        sys.executable, args.iters, sanitizer, args.skip_bench, workers, COUNTS_SCRIPT.exists()
+    )
+    results = run_within(steps, deadline)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     path = report_path(args.out, env["GPU"])
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -60,6 +60,19 @@ IMPLS = ("auto", "naive", "dense", "flash")
 # the naive path's math in one Function; we switch to the tiled path at 512.
 FLASH_MIN_T = 512
 
+# On CuPy, impl="auto" takes the naive path wherever its score-sized arrays fit, the CUDA kernel
+# where they do not. Measured on an NVIDIA H200 on 2026-11-27 (bench/results/
+# gpu-nvidia-h200-2026-11-27.md; causal float32 forward + backward, B=4, nh=8, hs=64): the naive
+# CuPy path took 0.66-0.80 of the kernel's time from T=1024 to 8192, and its peak was
+# NAIVE_SCORE_ARRAYS arrays of B * nh * T * S floats at every T (10240 MB at T=4096, where the
+# kernel needs 160 MB); at T=16384 it was out of memory and the kernel ran. The dense path has
+# not run on a GPU: auto takes the one that was measured. To be measured again, and this choice
+# revisited, when the register-tiled kernel (issue 25) runs on a GPU.
+NAIVE_SCORE_ARRAYS = 5
+# The share of the free device memory the naive path may plan on: the rest of the step (the
+# layers after this one, their activations, the backward's other temporaries) needs room too.
+NAIVE_MEMORY_SHARE = 0.5
+
 # The CUDA kernel's limits (minigrad/kernels/flash_attention_cuda.py): float32, 16 <= hs <= 128.
 _KERNEL_DTYPE = np.float32
 _KERNEL_HS = (16, 128)
@@ -96,7 +109,7 @@ def scaled_dot_product_attention(
     """
     _check_inputs(q, k, v, causal, dropout_p, impl, window)
     slopes = _as_slopes(alibi_slopes, q)
-    impl = choose_impl(q, k, impl, dropout_p=dropout_p, training=training)
+    impl = choose_impl(q, k, impl, dropout_p=dropout_p, training=training, window=window)
     if impl == "naive":
         return naive_attention(q, k, v, causal, slopes, dropout_p, training, rng, window)
     if training and dropout_p > 0:
@@ -123,11 +136,16 @@ def choose_impl(
     impl: str = "auto",
     dropout_p: float = 0.0,
     training: bool = False,
+    window: int | None = None,
 ) -> str:
     """Resolve ``impl="auto"`` to "naive", "dense" or "flash" (any other impl is returned as is).
 
-    On CuPy: the CUDA kernel wherever it applies (float32, 16 <= hs <= 128; with or without
-    a ``window``), else naive.
+    On CuPy: naive where its score-sized arrays fit (``naive_fits``), as it took 0.66-0.80 of
+    the CUDA kernel's time from T=1024 to 8192 on an NVIDIA H200 on 2026-11-27 (see the note
+    above ``NAIVE_SCORE_ARRAYS``; to be revisited when the new kernel is measured); the kernel
+    where they do not, and for a sliding ``window``, whose tiles outside the band the kernel
+    skips (not measured on a GPU yet); naive wherever the kernel does not apply (float32,
+    16 <= hs <= 128, S >= T).
     On NumPy: flash from ``FLASH_MIN_T`` queries on (see the benchmark note above), dense
     below (the naive path's math in one Function, about 1.4 times as fast at
     B=12, nh=4, T=64, hs=32).
@@ -144,10 +162,25 @@ def choose_impl(
     if training and dropout_p > 0:
         return "naive"
     if xp_of(q.data) is not np:
-        return "flash" if kernel_supports(q, k) else "naive"
+        if not kernel_supports(q, k):
+            return "naive"
+        return "flash" if window is not None or not naive_fits(q, k) else "naive"
     T, S = q.shape[2], k.shape[2]
     # subtle: S < T (possible without the causal mask) is outside the tiled code's contract
     return "flash" if FLASH_MIN_T <= T <= S else "dense"
+
+
+def naive_fits(q: Tensor, k: Tensor) -> bool:
+    """Whether the naive path's forward and backward on CuPy q, k fit the current GPU:
+    ``NAIVE_SCORE_ARRAYS`` arrays of (B, nh, T, S) in at most ``NAIVE_MEMORY_SHARE`` of the
+    memory free now (the driver's free memory and the blocks CuPy's pool holds unused)."""
+    import cupy
+
+    B, nh, T, _ = q.shape
+    need = NAIVE_SCORE_ARRAYS * B * nh * T * k.shape[2] * q.dtype.itemsize
+    free, _ = cupy.cuda.Device().mem_info
+    free += cupy.get_default_memory_pool().free_bytes()  # cached by CuPy, reusable
+    return need <= NAIVE_MEMORY_SHARE * free
 
 
 def kernel_supports(q: Any, k: Any) -> bool:

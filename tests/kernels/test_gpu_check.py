@@ -1,14 +1,19 @@
 """Tests for `make gpu-check` (bench/gpu_check.py) on recorded outputs, without a GPU.
 
 Holds: each parser on a passing and a failing recording (pytest, compute-sanitizer's three
-tools, the GPU half of bench/attention.py, bench/train_vs_torch.py), including the traps: a
-run where every GPU test skipped, and a sanitized process that died before its kernels ran
-yet reports 0 errors; the report written from parsed results; the planned commands; and a
-step run for real (a Python child printing a recording), with its exit code and timeout.
+tools, the kernel split, the GPU half of bench/attention.py, bench/kernel_counts.py,
+bench/train_vs_torch.py), including the traps: a run where every GPU test skipped, and a
+sanitized process that died before its kernels ran yet reports 0 errors; the report written
+from parsed results (the counts whole, skipped steps named); the planned commands and their
+order (tests, benchmarks, sanitizers), with and without pytest-xdist; a step run for real (a
+Python child printing a recording), with its exit code and timeout; and the budget: a step
+that does not fit is skipped and named, a running one is stopped when it runs out, and the
+report is still written.
 
 The recordings in gpu_check_outputs/ were written by hand in the tools' formats.
-Leaves out `environment()`, which needs nvidia-smi and a GPU; the kernel check runs on the
-CuPy stand-in, its kernels in the CPU emulator.
+Leaves out `environment()`, which needs nvidia-smi and a GPU; the kernel check and the kernel
+split run on the CuPy stand-in, their kernels in the CPU emulator, and so does `main()`, with
+its environment and steps made up.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +95,28 @@ def test_attention_table():
     assert gpu_check.parse_attention("Traceback ...") == (False, "no GPU table in the output")
 
 
+def test_kernel_split_table():
+    passed, summary = gpu_check.parse_split(recorded("split_cuda.txt"))
+    assert passed
+    assert summary == (
+        "forward / backward ms: T=1024 1.21 / 3.18, T=4096 12.40 / 34.50, T=16384 180.20 / 511.16"
+    )
+    failed = recorded("split_cuda.txt").replace(
+        "  16384    180.20    511.16    691.36", "  (kernel at T=16384 failed: OutOfMemoryError: x)"
+    )
+    passed, summary = gpu_check.parse_split(failed)
+    assert passed is False and summary.endswith("T=4096 12.40 / 34.50; failed at T=16384")
+    assert gpu_check.parse_split("Traceback ...") == (False, "no kernel split table in the output")
+
+
+def test_counts_summary_points_to_their_section():
+    assert gpu_check.parse_counts(recorded("kernel_counts.txt")) == (
+        True,
+        "5 lines, in full under Kernel counts",
+    )
+    assert gpu_check.parse_counts("\n") == (False, "no output")
+
+
 def test_train_summary_and_loss_agreement():
     text = recorded("train_cuda.txt")
     passed, summary = gpu_check.parse_train(text)
@@ -114,14 +142,20 @@ def test_report_has_environment_summary_and_tails():
         gpu_check.Result(
             gpu_check.Step("compute-sanitizer (all tools)", [], "none"), None, "x", 0, ""
         ),
+        _result("counts", "kernel_counts.txt"),
     ]
     env = {"GPU": "NVIDIA H100 80GB HBM3", "cupy-cuda12x": "13.3.0", "numpy": "2.1.3"}
     text = gpu_check.render_report(env, results, "2026-11-24 03:00 UTC")
     assert text.startswith("# GPU check: NVIDIA H100 80GB HBM3\n")
     assert "| cupy-cuda12x | 13.3.0 |" in text
-    assert "## Summary: 4 steps, 2 passed, 1 FAILED, 1 not run" in text
+    assert "## Summary: 5 steps, 3 passed, 1 FAILED, 1 skipped" in text
     assert "| tests step | **FAILED** | 1 failed, 98 passed" in text
-    assert "| compute-sanitizer (all tools) | not run | x | 0 s |" in text
+    assert "| compute-sanitizer (all tools) | skipped | x | 0 s |" in text
+    # the counts whole, under their own heading, before the other steps' tails and not among them
+    counts = "## Kernel counts\n\n`python -c ...`\n\n```\n" + recorded("kernel_counts.txt")
+    assert counts.rstrip() + "\n```" in text
+    assert text.index("## Kernel counts") < text.index("## Output of each step")
+    assert "### counts step" not in text
     assert "### train step\n\n`python -c ...`\n\n```\n" in text
     assert "largest loss difference over the first 5 steps: 3.81e-06\n```" in text
     # Only the last TAIL_LINES lines of a long output, and table cells never broken by '|'.
@@ -133,25 +167,43 @@ def test_report_has_environment_summary_and_tails():
     assert "a \\| b" in text
 
 
-def test_plan_runs_every_tool_on_both_cases():
-    steps = gpu_check.plan("py", 300, "/usr/local/cuda/bin/compute-sanitizer", skip_bench=False)
+def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
+    sanitizer = "/usr/local/cuda/bin/compute-sanitizer"
+    steps = gpu_check.plan("py", 300, sanitizer, skip_bench=False, workers=8)
     kinds = [s.kind for s in steps]
-    assert kinds == ["tests"] + ["memcheck"] * 2 + ["racecheck"] * 2 + ["synccheck"] * 2 + [
-        "attention",
-        "train",
-    ]
+    # the benchmarks before the sanitizers: a short lease measures first
+    assert (
+        kinds
+        == ["tests", "split", "attention", "counts", "train"]
+        + ["memcheck"] * 2
+        + ["racecheck"] * 2
+        + ["synccheck"] * 2
+    )
     assert steps[0].command[:5] == ["py", "-m", "pytest", "-m", "gpu"]
-    assert steps[1].command[:5] == [
-        "/usr/local/cuda/bin/compute-sanitizer",
-        "--tool",
-        "memcheck",
-        "--error-exitcode",
-        "1",
-    ]
-    assert {s.command[-1] for s in steps[1:7]} == {"small", "odd"}
-    assert steps[-1].command[-3:] == ["--iters", "300", "--quiet"] and "cuda" in steps[-1].command
+    assert steps[0].command[-3:] == ["-n", "8", "tests"] and "8 xdist workers" in steps[0].title
+    assert steps[1].command[-1] == "--kernel-split"
+    assert steps[3].command[-1] == "--no-emulate" and steps[3].absent == ""
+    assert steps[4].command[-3:] == ["--iters", "300", "--quiet"] and "cuda" in steps[4].command
+    assert steps[5].command[:5] == [sanitizer, "--tool", "memcheck", "--error-exitcode", "1"]
+    assert {s.command[-1] for s in steps[5:]} == {"small", "odd"}
+    assert all(s.seconds > 0 for s in steps)  # every step has a time the budget can weigh
+    # without xdist, compute-sanitizer and bench/kernel_counts.py: serial, and named as absent
+    steps = gpu_check.plan("py", 300, None, skip_bench=False, workers=0, counts=False)
+    assert steps[0].command[-3:] == ["-p", "no:xdist", "tests"] and "serial" in steps[0].title
+    assert "not in this checkout" in steps[3].absent
+    assert [s.kind for s in steps[-1:]] == ["none"] and "not on PATH" in steps[-1].absent
     without = gpu_check.plan("py", 300, None, skip_bench=True)
-    assert [s.kind for s in without] == ["tests"]
+    assert [s.kind for s in without] == ["tests", "none"]
+
+
+def test_xdist_workers_only_where_xdist_is_installed(monkeypatch):
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: None)
+    assert gpu_check.xdist_workers(None) == 0 and gpu_check.xdist_workers(4) == 0
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(gpu_check.os, "cpu_count", lambda: 16)
+    assert gpu_check.xdist_workers(None) == gpu_check.WORKERS and gpu_check.xdist_workers(3) == 3
+    monkeypatch.setattr(gpu_check.os, "cpu_count", lambda: 2)
+    assert gpu_check.xdist_workers(None) == 2
 
 
 def _echo_step(name: str, kind: str, exit_code: int = 0) -> object:
@@ -193,3 +245,58 @@ def test_kernel_case_checks_the_kernels_on_the_cupy_standin(case, fake_cupy, cap
     assert gpu_check.kernel_case(case) == 0
     printed = capsys.readouterr().out
     assert gpu_check.parse_sanitizer(printed + "========= ERROR SUMMARY: 0 errors\n", "memcheck")[0]
+
+
+def test_the_budget_skips_what_does_not_fit_and_stops_what_runs_over(tmp_path):
+    # A step that fits runs; one whose expected time does not is skipped and named (a later,
+    # shorter one still runs); a step that runs past the budget is stopped at the deadline.
+    quick = _echo_step("memcheck_clean.txt", "memcheck")
+    quick.seconds = 1
+    heavy = gpu_check.Step("heavy", [sys.executable, "-c", "raise SystemExit(9)"], "train", 600)
+    sleeper = gpu_check.Step(
+        "sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], "train", 1
+    )
+    absent = gpu_check.Step("counts", [], "counts", 0, "bench/kernel_counts.py is not here")
+    start = time.monotonic()
+    results = gpu_check.run_within([quick, heavy, absent, sleeper], start + 5)
+    assert time.monotonic() - start < 30
+    assert [r.passed for r in results] == [True, None, None, False]
+    assert results[1].summary.startswith("skipped for the budget: needs about 600 s, ")
+    assert results[2].summary == "bench/kernel_counts.py is not here"
+    assert results[3].summary.endswith("; timed out") and results[3].seconds < 10
+    # nothing left: every step is skipped; the report is still written, naming them
+    late = gpu_check.run_within([quick], time.monotonic() - 1)
+    assert late[0].passed is None and "0 s left" in late[0].summary
+    text = gpu_check.render_report({"GPU": "x"}, results + late, "now")
+    assert "## Summary: 5 steps, 1 passed, 1 FAILED, 3 skipped" in text
+    assert "| heavy | skipped | skipped for the budget: needs about 600 s" in text
+
+
+def test_main_writes_the_report_when_the_budget_runs_out(tmp_path, monkeypatch, fake_cupy):
+    # main() on the CuPy stand-in, with the GPU's environment and the planned steps made up: a
+    # step too long for the budget is skipped and named, and the report is written all the same.
+    quick = _echo_step("memcheck_clean.txt", "memcheck")
+    quick.seconds = 1
+    heavy = gpu_check.Step("heavy", [sys.executable, "-c", "pass"], "train", 600)
+    monkeypatch.setattr(gpu_check.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(gpu_check, "environment", lambda sanitizer: {"GPU": "NVIDIA H100"})
+    monkeypatch.setattr(gpu_check, "plan", lambda *args: [heavy, quick])
+    argv = ["gpu_check.py", "--budget", "60", "--workers", "2", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert gpu_check.main() == 0
+    text = (tmp_path / "gpu-nvidia-h100.md").read_text()
+    assert "## Summary: 2 steps, 1 passed, 1 skipped" in text
+    assert "| heavy | skipped | skipped for the budget: needs about 600 s, " in text
+    assert "| budget | 60 s |" in text and "| pytest workers |" in text
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
+def test_kernel_split_times_the_kernels_on_the_cupy_standin(fake_cupy, monkeypatch, capsys):
+    # The process of the "kernel split" step, at a size the emulator runs in seconds: its
+    # table is what parse_split reads (the times themselves mean nothing here).
+    monkeypatch.setattr(gpu_check, "SPLIT_SHAPE", (1, 2, 16))
+    monkeypatch.setattr(gpu_check, "SPLIT_T", (8, 40))
+    monkeypatch.setattr(gpu_check, "SPLIT_REPS", 1)
+    assert gpu_check.kernel_split() == 0
+    passed, summary = gpu_check.parse_split(capsys.readouterr().out)
+    assert passed and summary.startswith("forward / backward ms: T=8 ") and "T=40 " in summary

@@ -11,6 +11,8 @@ import minigrad as mg
 from minigrad.backend import to_numpy
 from minigrad.functional.attention import (
     FLASH_MIN_T,
+    NAIVE_MEMORY_SHARE,
+    NAIVE_SCORE_ARRAYS,
     DenseAttention,
     FlashAttention,
     choose_impl,
@@ -252,6 +254,33 @@ def test_auto_picks_dense_below_the_threshold_and_flash_from_it_on(rng):
         "dense",
         "flash",
     ]
+
+
+def test_auto_on_cupy_takes_naive_where_it_fits_and_the_kernel_where_it_does_not(fake_cupy):
+    """On the GPU (the stand-in): naive while NAIVE_SCORE_ARRAYS (B, nh, T, S) float32 arrays
+    fit in NAIVE_MEMORY_SHARE of the free memory (the pool's unused blocks counted), else the
+    kernel; the kernel for a window; naive where the kernel does not apply."""
+    B, nh, T, S = 4, 8, 4096, 4096
+    q, k = mg.zeros(B, nh, T, 64, device="cuda"), mg.zeros(B, nh, S, 64, device="cuda")
+    need = NAIVE_SCORE_ARRAYS * B * nh * T * S * 4  # 10 GiB, as measured at T=4096
+    fake_cupy.free_memory = int(need / NAIVE_MEMORY_SHARE)  # just fits
+    assert choose_impl(q, k) == "naive"
+    fake_cupy.free_memory -= 4
+    assert choose_impl(q, k) == "flash"
+    fake_cupy.pool_free_bytes = 4  # CuPy's cached blocks are free memory too
+    assert choose_impl(q, k) == "naive"
+    assert choose_impl(q, k, window=256) == "flash"  # the kernel skips tiles outside the band
+    assert choose_impl(q, k, dropout_p=0.1, training=True) == "naive"
+    fake_cupy.free_memory = 0
+    for shape in ((1, 1, 8, 8), (1, 1, 8, 256)):  # hs outside 16..128: no kernel
+        small = mg.zeros(*shape, device="cuda")
+        assert choose_impl(small, small) == "naive"
+    assert choose_impl(q.double(), k.double()) == "naive"  # float64: no kernel
+    # and through sdpa, where it fits: the naive path (its last op a reshape, not a Function
+    # of attention's own)
+    fake_cupy.free_memory = 80 * 2**30
+    tiny = mg.ones(1, 2, 16, 16, requires_grad=True, device="cuda")
+    assert sdpa(tiny, tiny, tiny)._ctx.fn not in (DenseAttention, FlashAttention)
 
 
 def test_dropout_only_while_training(rng):

@@ -33,9 +33,13 @@ Where it matters, it behaves as CuPy does (``cupy/_core/core.pyx``):
   sizes and ``generators_created`` the RandomStates made (bench/gpu_step_counts.py reads all).
 - ``cupy._core._routines_linalg.set_compute_type(float32, COMPUTE_TYPE_TF32)`` makes float32
   products round their inputs to TF32 (10 significand bits), as the tensor cores do.
+- ``cuda.Device().mem_info`` and ``get_default_memory_pool().free_bytes()`` report the
+  module's ``free_memory``, ``total_memory`` and ``pool_free_bytes``, which a test may set (what
+  attention's impl="auto" reads to see whether the naive path fits).
 
-Left out on purpose: streams, memory pools, and every CuPy function the project does not
-call (asking for one raises AttributeError naming it: add it here if CuPy has it).
+Left out on purpose: streams, memory pools beyond their free bytes, and every CuPy function the
+project does not call (asking for one raises AttributeError naming it: add it here if CuPy has
+it).
 """
 
 from __future__ import annotations
@@ -431,6 +435,11 @@ class _Device:
         major, minor = (self.attributes[f"ComputeCapability{p}"] for p in ("Major", "Minor"))
         self.compute_capability = f"{major}{minor}"
 
+    @property
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes, as the driver reports them."""
+        return free_memory, total_memory
+
     def synchronize(self) -> None:
         pass
 
@@ -440,6 +449,12 @@ class _Device:
 
 
 _current_device = 0  # cupy.cuda.runtime.getDevice(), set by Device(i).use()
+total_memory = free_memory = 80 * 2**30  # bytes, an 80 GB GPU with nothing allocated
+pool_free_bytes = 0  # bytes CuPy's memory pool holds unused
+
+
+def get_default_memory_pool() -> types.SimpleNamespace:
+    return types.SimpleNamespace(free_bytes=lambda: pool_free_bytes)
 
 
 # ---- cupy.cuda.nccl: the collectives through an MPI communicator --------------------------------

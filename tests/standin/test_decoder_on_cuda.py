@@ -51,9 +51,15 @@ def _token_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "cache"))  # keep ids out of ~/.cache
 
 
+# tiny's attention through the flash kernel on "cuda" (and its NumPy twin on the CPU): auto
+# would take the naive path on the device, whose arrays fit (minigrad.functional.attention)
+KERNEL = {"tiny": dict(attn_impl="flash")}
+
+
 def configs(preset: str, device: str, **extra):
     n_head = N_HEAD.get(preset, PRESETS[preset].model.get("n_head", 4))
-    return build_configs(preset, **{**TINY, "n_head": n_head, "device": device, **extra})
+    kernel = KERNEL.get(preset, {})
+    return build_configs(preset, **{**TINY, **kernel, "n_head": n_head, "device": device, **extra})
 
 
 def run(preset: str, device: str, out, **extra) -> dict:
@@ -200,9 +206,10 @@ def test_each_architecture_choice_on_cuda_equals_cpu(overrides, fake_cupy):
 
 
 def test_dropout_and_exact_gelu_run_on_the_device(fake_cupy):
-    # CuPy draws dropout masks from its own generator and computes erf with cupyx: the
-    # numbers differ from the CPU's, so this checks that both stay on the device and train
-    model_cfg, train_cfg = configs("tiny", "cuda", dropout=0.2)
+    # the device draws dropout masks its own way and computes erf with cupyx: the numbers
+    # differ from the CPU's, so this checks that both stay on the device and train (attention
+    # dropout: the naive path, which auto picks)
+    model_cfg, train_cfg = configs("tiny", "cuda", dropout=0.2, attn_impl="auto")
     mg.manual_seed(0)
     model = Decoder(model_cfg).to("cuda")
     optimizer = AdamW(model.parameters(), lr=1e-3)

@@ -384,7 +384,8 @@ def start_run(
         dist=dist,
         scaler=LossScaler(train_cfg.dtype) if train_cfg.dtype in LOW_PRECISION else None,
     )
-    say(matmul_text(train_cfg))
+    if matmul_text(train_cfg):
+        say(matmul_text(train_cfg))
     if ckpt is None:
         say(f"training {parameters_text(model)}; the run directory is {out_dir}")
         return run
@@ -397,17 +398,22 @@ def start_run(
 
 
 def matmul_text(train_cfg: TrainConfig) -> str:
-    """The header line that says how float32 matrices are multiplied in this run.
+    """The header line that says how a GPU run multiplies float32 matrices ("" on the CPU,
+    where NumPy has no TF32, unless the run asked for it).
 
     >>> matmul_text(TrainConfig(device="cuda", matmul_precision="high"))
     'float32 products: TF32 on the GPU (matmul_precision=high: 10-bit inputs, float32 sums)'
+    >>> matmul_text(TrainConfig())
+    ''
     """
+    tf32 = train_cfg.matmul_precision == "high"
+    if train_cfg.device == "cpu":
+        return (
+            "note: matmul_precision=high (TF32) is a GPU mode: the CPU ignores it" if tf32 else ""
+        )
     if train_cfg.dtype != "float32":
         return f"{train_cfg.dtype} products (matmul_precision applies to float32 only)"
-    if train_cfg.device == "cpu":
-        note = "; TF32 is a GPU mode, ignored here" if train_cfg.matmul_precision == "high" else ""
-        return f"float32 products: float32 on the CPU{note}"
-    if train_cfg.matmul_precision == "high":
+    if tf32:
         return (
             "float32 products: TF32 on the GPU (matmul_precision=high: 10-bit inputs, float32 sums)"
         )

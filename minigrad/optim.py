@@ -12,9 +12,10 @@ index (its position across the groups), so it saves to a safetensors file
 (``minigrad.serialization.save_tree``) and a run resumes exactly.
 
 Semantics follow ``torch.optim.SGD`` and ``torch.optim.AdamW`` (the tests compare them step by
-step); the schedule follows nanoGPT's ``get_lr``. Left out on purpose: SGD's dampening,
-AMSGrad, fused/foreach kernels, and schedulers as objects (a schedule here is a function of
-the step).
+step); the schedule follows nanoGPT's ``get_lr``. On the GPU, AdamW's update runs as one fused
+elementwise kernel per parameter (``fused``), beside the plain form it is tested equal to.
+Left out on purpose: SGD's dampening, AMSGrad, foreach kernels, and schedulers as objects (a
+schedule here is a function of the step).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from minigrad.backend import to_numpy, xp_of
 from minigrad.tensor import Tensor
@@ -231,6 +234,11 @@ class AdamW(Optimizer):
         v = b2 * v + (1 - b2) * g^2                  second moment (uncentred variance)
         p = p - lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)
     The (1 - b^t) factors undo the moments' bias towards their zero start.
+
+    ``fused``: the whole update as one elementwise CUDA kernel per parameter (``_ADAMW_KERNEL``)
+    instead of a dozen array operations that each launch their own (855 launches of a baby-gpt
+    step's optimiser, bench/gpu_step_counts.py). None, the default: fused where a parameter is
+    on the GPU; False: the plain form everywhere. The CPU always runs the plain form.
     """
 
     # subtle: eps > 0, not PyTorch's eps >= 0: with eps = 0 a zero gradient makes 0 / 0 = NaN
@@ -248,11 +256,18 @@ class AdamW(Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.01,
+        fused: bool | None = None,
     ):
         if len(tuple(betas)) != 2:
             raise ValueError(f"AdamW: betas must be a pair (b1, b2), got {betas!r}")
+        if fused not in (None, False):
+            raise ValueError(
+                f"AdamW: fused={fused!r}: None (fused on the GPU, the default) or False "
+                f"(the plain form everywhere)"
+            )
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
+        self.fused = fused
 
     def update(self, p, grad, group, state):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
@@ -262,6 +277,11 @@ class AdamW(Optimizer):
             state.update(step=0, exp_avg=xp.zeros_like(p), exp_avg_sq=xp.zeros_like(p))
         state["step"] += 1
         t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        if self.fused is None and xp is not np and _fusable(p, grad):
+            step_size, bias2_sqrt = lr / (1 - b1**t), math.sqrt(1 - b2**t)
+            kernel = _adamw_kernel(xp)
+            kernel(grad, 1 - lr * wd, b1, b2, 1 - b1, 1 - b2, step_size, bias2_sqrt, eps, p, m, v)
+            return
         if wd:
             p *= 1 - lr * wd
         # in place through two scratch arrays, not a temporary per operation, each rounding
@@ -279,6 +299,36 @@ class AdamW(Optimizer):
         xp.multiply(m, lr / (1 - b1**t), out=step)
         step /= denom
         p -= step
+
+
+# The update above as one CUDA kernel: the same operations in the same order, each rounding to
+# T (CuPy casts the Python-float settings to the parameter's dtype, as NumPy does); on a GPU
+# nvcc contracts a * b + c into one fused multiply-add, so the last bit may differ.
+_ADAMW_KERNEL = (
+    "T g, T decay, T b1, T b2, T one_minus_b1, T one_minus_b2, T step_size, T bias2_sqrt, T eps",
+    "T p, T m, T v",
+    """
+    p = p * decay;
+    v = v * b2 + g * g * one_minus_b2;
+    m = m * b1 + g * one_minus_b1;
+    p = p - m * step_size / (sqrt(v) / bias2_sqrt + eps);
+    """,
+    "minigrad_adamw",
+)
+_kernels: dict[Any, Any] = {}
+
+
+def _adamw_kernel(xp: Any) -> Any:
+    """The ElementwiseKernel of ``_ADAMW_KERNEL`` for this CuPy, made once."""
+    if xp not in _kernels:
+        _kernels[xp] = xp.ElementwiseKernel(*_ADAMW_KERNEL)
+    return _kernels[xp]
+
+
+def _fusable(p: Any, grad: Any) -> bool:
+    """The kernel takes one dtype and contiguous arrays of one shape; else the plain form."""
+    same = grad.dtype == p.dtype and grad.shape == p.shape
+    return same and p.flags.c_contiguous and grad.flags.c_contiguous
 
 
 def param_groups_for_decay(model: Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -314,7 +364,11 @@ def clip_grad_norm_(params: Iterable[Tensor] | Tensor, max_norm: float) -> float
         return 0.0
     xp = xp_of(grads[0])
     # subtle: sum on the device and convert once: float() per gradient would sync a GPU each time
-    squares = sum(xp.vdot(g.ravel(), g.ravel()) for g in grads)
+    if xp is np:
+        squares = sum(np.vdot(g.ravel(), g.ravel()) for g in grads)
+    else:  # one copy and one dot on the GPU, not a dot and an add (two launches) per gradient
+        flat = xp.concatenate([g.ravel() for g in grads])
+        squares = xp.vdot(flat, flat)
     norm = float(xp.sqrt(squares))
     scale = max_norm / (norm + 1e-6)
     if scale < 1.0:

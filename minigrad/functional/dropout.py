@@ -73,11 +73,37 @@ def keep_mask(shape: tuple[int, ...], p: float, rng: np.random.Generator, like: 
         # float32 draws are twice as fast as float64 and their 2^-24 grid is fine for p
         return rng.random(shape, dtype=np.float32) >= p
     seed = int(rng.integers(2**63))  # one host draw per call keeps the stream reproducible
-    return counter_uniform(seed, shape, xp) >= p
+    keep = xp.empty(shape, dtype=bool)
+    _mask_kernel(xp)(np.uint64(seed), np.float32(p), keep)  # counter_uniform(...) >= p
+    return keep
 
 
 # splitmix64's constants: the golden-ratio step between counters and the two mixing multipliers
 _STEP, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+# counter_uniform(seed, shape) >= p as one CUDA kernel (CuPy's ElementwiseKernel, i the
+# element's index) instead of a dozen array operations: the same integer arithmetic, so the
+# same mask bit for bit; 5.9604644775390625e-08 is 2^-24.
+_MASK_KERNEL = (
+    "uint64 seed, float32 p",
+    "bool keep",
+    f"""
+    unsigned long long z = seed + (unsigned long long)(i + 1) * {_STEP:#x}ull;
+    z = (z ^ (z >> 30)) * {_MIX1:#x}ull;
+    z = (z ^ (z >> 27)) * {_MIX2:#x}ull;
+    z = z ^ (z >> 31);
+    keep = (float)(z >> 40) * 5.9604644775390625e-08f >= p;
+    """,
+    "minigrad_dropout_mask",
+)
+_kernels: dict[Any, Any] = {}
+
+
+def _mask_kernel(xp: Any) -> Any:
+    """The ElementwiseKernel of ``_MASK_KERNEL`` for this CuPy, made once."""
+    if xp not in _kernels:
+        _kernels[xp] = xp.ElementwiseKernel(*_MASK_KERNEL)
+    return _kernels[xp]
 
 
 def counter_uniform(seed: int, shape: tuple[int, ...], xp: Any = np) -> Any:

@@ -20,6 +20,7 @@ from minigrad.optim import (
     set_lr,
 )
 from minigrad.serialization import load_tree, save_tree
+from tests.support.numerics import assert_close
 
 
 def param(values):
@@ -259,3 +260,39 @@ def test_load_state_dict_errors():
     swapped = AdamW([b, a])
     with pytest.raises(ValueError, match=r"state 0.exp_avg has shape \(2,\) but parameter 0 has"):
         swapped.load_state_dict(opt.state_dict())
+
+
+# ---- the fused update on the GPU (one elementwise kernel per parameter) --------------------------
+@pytest.mark.summation_order
+@pytest.mark.parametrize("dtype, rtol", [("float64", 1e-14), ("float32", 1e-6)])
+def test_fused_adamw_on_the_device_takes_the_plain_form_s_steps(fake_cupy, dtype, rtol):
+    rng = np.random.default_rng(0)
+    shapes = [(4, 3), (5,), ()]  # a matrix, a vector and a 0-d parameter
+    start = [rng.standard_normal(s) for s in shapes]
+    grads = [[rng.standard_normal(s) for s in shapes] for _ in range(4)]
+    runs = {}
+    for fused in (None, False):
+        ps = [mg.tensor(a, dtype=dtype, requires_grad=True, device="cuda") for a in start]
+        opt = AdamW(ps, lr=0.05, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, fused=fused)
+        launches = []
+        for gs in grads:
+            for p, g in zip(ps, gs, strict=True):
+                p.grad = fake_cupy.asarray(g.astype(dtype))
+            before = fake_cupy.kernel_launches
+            opt.step()
+            launches.append(fake_cupy.kernel_launches - before)
+        runs[fused] = ([p.numpy() for p in ps], opt.state_dict(), launches)
+    (fused_w, fused_state, fused_n), (plain_w, plain_state, plain_n) = runs[None], runs[False]
+    for a, b in zip(fused_w, plain_w, strict=True):
+        assert a.dtype == np.dtype(dtype) and a.shape == b.shape
+        assert_close(a, b, rtol=rtol, atol=rtol)  # the same roundings, up to a contracted fma
+    for i, state in plain_state["state"].items():
+        assert fused_state["state"][i]["step"] == state["step"] == 4
+        assert_close(fused_state["state"][i]["exp_avg_sq"], state["exp_avg_sq"], rtol=rtol)
+    assert fused_n == [3 * 3] + [3] * 3  # one kernel per parameter (first: 2 zero fills too)
+    assert min(plain_n) >= 10 * 3  # the plain form: a dozen operations per parameter
+
+
+def test_fused_adamw_is_refused_by_any_other_name():
+    with pytest.raises(ValueError, match="fused=True: None"):
+        AdamW([mg.zeros(2, requires_grad=True)], fused=True)

@@ -141,3 +141,20 @@ def test_each_kernel_is_counted_and_views_are_not(fake_cupy):
     assert cp.bytes_allocated - before == 64
     assert launches(lambda: cp.random.RandomState(0).random_sample(3)) == 1
     assert cp.generators_created == 1
+
+
+def test_an_elementwise_kernel_runs_its_c_on_every_element_in_one_launch(fake_cupy):
+    cp = fake_cupy
+    axpy = cp.ElementwiseKernel("T x, T y, T a", "T z", "z = x * a + y", "stand_in_axpy")
+    x, y = cp.asarray(np.arange(4.0)), cp.ones(4)
+    before = cp.kernel_launches
+    z = axpy(x, y, 2.0)  # the output made, of T = float64
+    assert z.dtype == np.float64 and z.tolist() == [1.0, 3.0, 5.0, 7.0]
+    axpy(x, y, 3.0, y)  # an output passed in is written in place, here over an input
+    assert y.tolist() == [1.0, 4.0, 7.0, 10.0] and cp.kernel_launches - before == 2
+    index = cp.ElementwiseKernel("uint64 seed", "float32 u", "u = (float)(seed + i)", "stand_in_i")
+    u = cp.empty((2, 3), dtype=np.float32)
+    index(np.uint64(10), u)  # i: the element's row-major index
+    assert u.tolist() == [[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]]
+    with pytest.raises(ValueError, match="arrays of one shape"):
+        axpy(x, cp.ones(3), 1.0)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
+import os
 import types
 from typing import Any
 
@@ -537,6 +538,108 @@ class RawModule:
 
     def get_function(self, name: str) -> RawKernel:
         return RawKernel(self.code, name, self.options)
+
+
+# ---- ElementwiseKernel: CuPy's C snippet, built by g++ into a loop over the elements ---------
+_C_TYPES = {
+    "float32": ("float", ctypes.c_float),
+    "float64": ("double", ctypes.c_double),
+    "bool": ("bool", ctypes.c_bool),
+    "int32": ("int", ctypes.c_int32),
+    "int64": ("long long", ctypes.c_int64),
+    "uint32": ("unsigned int", ctypes.c_uint32),
+    "uint64": ("unsigned long long", ctypes.c_uint64),
+}
+
+
+def _params(text: str) -> list[tuple[str, str]]:
+    """CuPy's parameter list, "T x, float32 lr", as [(type, name)]; ``raw`` is refused."""
+    params = [tuple(p.split()) for p in text.split(",") if p.strip()]
+    if any(len(p) != 2 for p in params):
+        raise ValueError(f"the stand-in's ElementwiseKernel takes 'type name' params: {text!r}")
+    return params
+
+
+class ElementwiseKernel:
+    """cupy.ElementwiseKernel on the CPU: ``operation`` (C, as CuPy takes it, with ``i`` the
+    element's index) in a loop that g++ builds, on the arrays behind the device arrays, as one
+    launch. The subset the project uses: typed and ``T`` parameters, array and scalar inputs of
+    one shape, outputs passed in (written in place) or made; no ``raw``, no broadcasting."""
+
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str = "kernel",
+                 preamble: str = "") -> None:  # fmt: skip
+        self.ins, self.outs = _params(in_params), _params(out_params)
+        self.operation, self.name, self.preamble = operation, name, preamble
+
+    def __call__(self, *args: Any) -> Any:
+        ins, outs = list(args[: len(self.ins)]), list(args[len(self.ins) :])
+        arrays = [_dev(a) for a in [*ins, *outs] if isinstance(a, ndarray)]
+        shape = arrays[0].shape
+        if any(a.shape != shape for a in arrays):
+            raise ValueError(f"{self.name}: the stand-in needs arrays of one shape")
+        typed = [(t, a) for (t, _), a in zip(self.ins + self.outs, args, strict=False)]
+        t_arrays = [_dev(a).dtype for t, a in typed if t == "T" and isinstance(a, ndarray)]
+        t_dtype = t_arrays[0] if t_arrays else None  # T: the type of the first T array
+        dtypes = [np.dtype(t_dtype if t == "T" else t) for t, _ in self.ins + self.outs]
+        made = [ndarray(shape, dtypes[len(ins) + k]) for k in range(len(outs), len(self.outs))]
+        outs += made
+        values = []
+        for (_, name), dtype, value in zip(self.ins + self.outs, dtypes, ins + outs, strict=True):
+            if isinstance(value, ndarray):
+                if not value._a.flags.c_contiguous:
+                    raise ValueError(f"{self.name}: the stand-in needs contiguous arrays ({name})")
+                values.append(ctypes.c_void_p(value._a.ctypes.data))
+            else:
+                values.append(_C_TYPES[dtype.name][1](value))
+        kernel = self._build(
+            tuple(d.name for d in dtypes), tuple(isinstance(v, ndarray) for v in ins + outs)
+        )
+        kernel(ctypes.c_int64(int(np.prod(shape, dtype=np.int64))), *values)
+        global bytes_allocated
+        bytes_allocated += sum(m.nbytes for m in made)
+        _launched(None)
+        return made[0] if len(made) == 1 else tuple(made) if made else None
+
+    def _build(self, dtypes: tuple[str, ...], is_array: tuple[bool, ...]) -> Any:
+        import hashlib
+        import subprocess
+
+        from minigrad.kernels.emulator import cache_dir
+
+        params, loads = ["long long n"], []
+        for k, ((_, name), dtype, array) in enumerate(
+            zip(self.ins + self.outs, dtypes, is_array, strict=True)
+        ):
+            c = _C_TYPES[dtype][0]
+            if not array:
+                params.append(f"{c} {name}")
+            elif k < len(self.ins):
+                params.append(f"const {c}* {name}_")
+                loads.append(f"const {c} {name} = {name}_[i];")
+            else:
+                params.append(f"{c}* {name}_")
+                loads.append(f"{c}& {name} = {name}_[i];")
+        source = (
+            f"#include <math.h>\n{self.preamble}\n"
+            f'extern "C" void {self.name}({", ".join(params)}) {{\n'
+            f"  for (long long i = 0; i < n; ++i) {{ {' '.join(loads)} {self.operation}; }}\n}}\n"
+        )
+        key = hashlib.sha256(source.encode()).hexdigest()[:16]
+        folder = cache_dir() / "elementwise"
+        library = folder / f"{self.name}-{key}.so"
+        if not library.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            src = folder / f"{self.name}-{key}.cpp"
+            src.write_text(source)
+            tmp = library.with_suffix(f".{os.getpid()}.tmp")
+            cmd = ["g++", "-O2", "-shared", "-fPIC", "-std=c++17", str(src), "-o", str(tmp)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"{self.name} did not build:\n{done.stderr[-3000:]}")
+            os.replace(tmp, library)
+        function = getattr(ctypes.CDLL(str(library)), self.name)
+        function.restype = None
+        return function
 
 
 # ---- cupyx: the special functions (not scatter_add: CuPy deprecates it for cupy.add.at) -----

@@ -20,6 +20,17 @@ under AddressSanitizer (which also catches an out-of-bounds shared-memory index)
 ThreadSanitizer; the process must then start with the sanitizer's runtime preloaded
 (`sanitizer_runtime`).
 
+`with count_launches() as launches:` runs every launch inside it in a third build, which counts
+(per launch, summed over threads) fmaf calls, shared and global loads and stores, in
+instructions and in 4-byte elements, barriers and shuffles, and records each launch with its
+`Counts` in `launches`. The build uses -fsanitize=thread's instrumentation without its
+runtime: the header defines the hooks the compiler calls before each load and store, and sorts
+them by address (the block's shared buffer, the array arguments; the stack, where a GPU keeps
+registers, is not counted). Counts are exact and deterministic for one source and launch:
+the accesses g++ emits at -O2 without vectorising, one per access the source writes less those
+the compiler keeps in a register, as nvcc would (`bench/kernel_counts.py` prints them beside
+nvcc's PTX).
+
 Leaves out: static `__shared__` arrays (refused by name), streams, textures, atomics, and
 any array library other than NumPy (an array that is not a NumPy array is accepted if it
 exposes its address as CuPy's do, `x.data.ptr`).
@@ -35,8 +46,8 @@ import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from functools import cache
+from dataclasses import dataclass, field, fields
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +61,13 @@ _SANITIZER_FLAGS = {
     "address": ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-DEMU_ASAN"],
     "thread": ["-O1", "-g", "-fsanitize=thread"],
 }
+# The counting build: TSan's instrumentation, not its runtime (see the header). No
+# vectorising and no scalar replacement of aggregates, so that each load stays as the source
+# writes it (a float4 read stays one 16-byte access instead of four 4-byte ones).
+_COUNT_FLAGS = [
+    "-O2", "-fsanitize=thread", "-fno-tree-vectorize", "-fno-tree-slp-vectorize",
+    "-fno-tree-sra", "-DEMU_COUNT",
+]  # fmt: skip
 # The C type letters of cuda_emulator.h's type_code, for NumPy dtypes and scalars.
 _DTYPE_CODES = {
     np.dtype(np.float32): "f",
@@ -229,6 +247,74 @@ def _compile_flags(options: Sequence[str]) -> list[str]:
     return flags
 
 
+# The open count_launches() blocks, innermost last: (their records, whether launches run).
+_counting: list[tuple[list[Launch], bool]] = []
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What one launch did, summed over its threads (the fields in the header's enum Count).
+
+    Loads and stores count instructions; `*_elements` count the 4-byte words they move (a
+    float4 load is one instruction, four elements). `fma` counts fmaf calls only.
+    """
+
+    fma: int
+    shared_loads: int
+    shared_load_elements: int
+    shared_stores: int
+    shared_store_elements: int
+    global_loads: int
+    global_load_elements: int
+    global_stores: int
+    global_store_elements: int
+    barriers: int
+    shuffles: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch seen by `count_launches`: what was built, how it ran, what it did."""
+
+    name: str
+    code: str
+    options: tuple[str, ...]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    counts: Counts | None  # None where count_launches(run=False) only recorded the launch
+
+
+def _mode() -> str:
+    """How launches go now: 'run' (the plain or sanitizer build), 'count' or 'record'."""
+    if not _counting:
+        return "run"
+    return "count" if _counting[-1][1] else "record"
+
+
+@contextmanager
+def count_launches(run: bool = True) -> Iterator[list[Launch]]:
+    """Run the launches inside the `with` block in the counting build; yield their records.
+
+    With run=False nothing is built or run: each launch is only recorded (counts None), which
+    gives the launch plan (kernels, options, grid, block, shared memory) in no time.
+
+    >>> add = RawKernel('extern "C" __global__ void add(float* x) { x[threadIdx.x] += 1.0f; }',
+    ...                 "add")
+    >>> with count_launches() as launches:
+    ...     add((1,), (32,), (np.zeros(32, np.float32),))
+    >>> c = launches[0].counts
+    >>> c.global_loads, c.global_stores, c.shared_loads
+    (32, 32, 0)
+    """
+    launches: list[Launch] = []
+    _counting.append((launches, run))
+    try:
+        yield launches
+    finally:
+        _counting.pop()
+
+
 def sanitizer() -> str:
     """The sanitizer builds use: '', 'address' or 'thread' ($MINIGRAD_EMULATOR_SANITIZER)."""
     name = os.environ.get("MINIGRAD_EMULATOR_SANITIZER", "")
@@ -259,12 +345,17 @@ def cache_dir() -> Path:
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
-def _build(code: str, options: Sequence[str]) -> ctypes.CDLL:
-    """Compile `code` once per (source, options, header, compiler, sanitizer); load it."""
-    compiler, flavour = _compiler(), sanitizer()
+def _build(code: str, options: Sequence[str], counting: bool = False) -> ctypes.CDLL:
+    """Compile `code` once per (source, options, header, compiler, build); load it.
+
+    The counting build compiles with -fsanitize=thread but links without it, so that TSan's
+    runtime stays out and the header's hooks take its place.
+    """
+    compiler = _compiler()
+    build_flags = _COUNT_FLAGS if counting else _SANITIZER_FLAGS[sanitizer()]
     flags = [
-        "-std=c++20", "-shared", "-fPIC", "-pthread", "-Wno-unknown-pragmas",
-        *_SANITIZER_FLAGS[flavour], *_compile_flags(options),
+        "-std=c++20", "-fPIC", "-pthread", "-Wno-unknown-pragmas",
+        *build_flags, *_compile_flags(options),
         "-include", str(HEADER),
     ]  # fmt: skip
     unit = _translation_unit(code)
@@ -279,10 +370,16 @@ def _build(code: str, options: Sequence[str]) -> ctypes.CDLL:
         with tempfile.TemporaryDirectory() as tmp:
             source, built = Path(tmp) / "unit.cpp", Path(tmp) / "unit.so"
             source.write_text(unit)
-            cmd = [compiler, *flags, str(source), "-o", str(built)]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise EmulatorError(f"{' '.join(cmd)} failed:\n{result.stderr[-4000:]}")
+            if counting:  # compile, then link without -fsanitize (no TSan runtime)
+                obj = Path(tmp) / "unit.o"
+                link = [compiler, "-shared", "-pthread", str(obj), "-o", str(built)]
+                commands = [[compiler, *flags, "-c", str(source), "-o", str(obj)], link]
+            else:
+                commands = [[compiler, "-shared", *flags, str(source), "-o", str(built)]]
+            for cmd in commands:
+                result = subprocess.run(cmd, capture_output=True, text=True)
+                if result.returncode != 0:
+                    raise EmulatorError(f"{' '.join(cmd)} failed:\n{result.stderr[-4000:]}")
             with atomic_write(library) as f:  # a parallel test worker never loads half a file
                 f.write(built.read_bytes())
     _loaded[key] = ctypes.CDLL(str(library))
@@ -356,13 +453,23 @@ class RawKernel:
         if name not in _kernel_names(code):
             raise EmulatorError(f"no __global__ function {name!r} in the source")
         self.code, self.name, self.options = code, name, tuple(options)
-        self._library = _build(code, self.options)
-        signature = getattr(self._library, f"emu_signature_{name}")
-        signature.restype = ctypes.c_char_p
-        self._codes = _parse_signature(signature().decode())
-        self._launch = getattr(self._library, f"emu_launch_{name}")
-        self._launch.restype = ctypes.c_int
+        self._libraries: dict[bool, ctypes.CDLL] = {}  # by counting or not
+        if _mode() != "record":
+            self._library(counting=_mode() == "count")  # build errors show here
         self._max_dynamic_shared = 0
+
+    def _library(self, counting: bool) -> ctypes.CDLL:
+        """The built kernel (plain or sanitizer build, or the counting one); cached."""
+        if counting not in self._libraries:
+            self._libraries[counting] = _build(self.code, self.options, counting=counting)
+        return self._libraries[counting]
+
+    @cached_property
+    def _codes(self) -> list[str]:
+        """The kernel's parameter types, from the build, to check arguments against."""
+        signature = getattr(self._library(_mode() == "count"), f"emu_signature_{self.name}")
+        signature.restype = ctypes.c_char_p
+        return _parse_signature(signature().decode())
 
     @property
     def max_dynamic_shared_size_bytes(self) -> int:
@@ -390,17 +497,35 @@ class RawKernel:
                 f"set kernel.max_dynamic_shared_size_bytes first (up to "
                 f"{device.attributes['MaxSharedMemoryPerBlockOptin']})"
             )
+        grid3, block3, mode = _dim3(grid, "grid"), _dim3(block, "block"), _mode()
+        if mode == "record":
+            self._record(grid3, block3, shared_mem, None)
+            return
         values = _marshal(self.name, self._codes, tuple(args))
         pointers = (ctypes.c_void_p * max(1, len(values)))(
             *(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values)
         )
-        status = self._launch(
-            _dim3(grid, "grid"), _dim3(block, "block"), ctypes.c_size_t(shared_mem), pointers
-        )
-        if status != 0:
-            last_error = self._library.emu_last_error
+        library = self._library(counting=mode == "count")
+        if mode == "count":  # the array arguments are global memory
+            ranges = [(a, a + x.nbytes) for x in args if (a := _address(x)) is not None]
+            flat = (ctypes.c_ulonglong * max(1, 2 * len(ranges)))(*(e for r in ranges for e in r))
+            library.emu_count_set_global_ranges(flat, ctypes.c_int(len(ranges)))
+        launch = getattr(library, f"emu_launch_{self.name}")
+        launch.restype = ctypes.c_int
+        if launch(grid3, block3, ctypes.c_size_t(shared_mem), pointers) != 0:
+            last_error = library.emu_last_error
             last_error.restype = ctypes.c_char_p
             raise EmulatorError(last_error().decode())
+        if mode == "count":
+            out = (ctypes.c_ulonglong * len(fields(Counts)))()
+            library.emu_count_get(out)
+            self._record(grid3, block3, shared_mem, Counts(*(int(n) for n in out)))
+
+    def _record(self, grid3, block3, shared_mem: int, counts: Counts | None) -> None:
+        launch = Launch(
+            self.name, self.code, self.options, tuple(grid3), tuple(block3), int(shared_mem), counts
+        )
+        _counting[-1][0].append(launch)
 
 
 class RawModule:
@@ -408,7 +533,8 @@ class RawModule:
 
     def __init__(self, code: str, options: Sequence[str] = ()) -> None:
         self.code, self.options = code, tuple(options)
-        _build(code, self.options)  # build errors show here, as with CuPy's compile on load
+        if _mode() != "record":  # build errors show here, as with CuPy's compile on load
+            _build(code, self.options, counting=_mode() == "count")
 
     def get_function(self, name: str) -> RawKernel:
         return RawKernel(self.code, name, self.options)

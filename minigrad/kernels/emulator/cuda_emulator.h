@@ -5,8 +5,8 @@
 // built-in variables threadIdx / blockIdx / blockDim / gridDim as thread-local state,
 // __syncthreads as a barrier over the threads of the block, the warp shuffles
 // (__shfl_sync, __shfl_xor_sync, __shfl_up_sync, __shfl_down_sync) exchanged among the 32
-// lanes of a warp, __int_as_float / __float_as_int, min / max and the float math functions,
-// and emu::launch, which runs a grid block after block.
+// lanes of a warp, __int_as_float / __float_as_int, float2 / float4 and their make_ functions,
+// min / max and the float math functions, and emu::launch, which runs a grid block after block.
 //
 // What a GPU enforces, this enforces too, and says so (emu::Error, reported to Python): more
 // than 1024 threads per block, more dynamic shared memory than the launch allows, a
@@ -15,6 +15,15 @@
 // memory starts each block filled with NaN, not zeros, so a read before a write shows up in
 // the results. The debug build (-fsanitize=address) poisons the bytes past the launch's
 // dynamic shared memory, so an out-of-bounds shared index stops with AddressSanitizer's report.
+//
+// The counting build (-DEMU_COUNT, with -fsanitize=thread instrumentation but not its runtime)
+// counts, per launch and summed over threads: fmaf calls, __syncthreads, shuffles, and every
+// load and store the compiler emits, by memory space. The instrumentation calls __tsan_readN /
+// __tsan_writeN before each access; the definitions below (not TSan's) classify the address:
+// the block's shared buffer is shared memory, the ranges of the kernel's array arguments are
+// global memory, anything else (the thread's stack, which holds a GPU's registers, and the
+// emulator's own state) is not counted. An N-byte access is one instruction of N / 4 elements,
+// so a float4 load is one instruction, four elements.
 //
 // Leaves out on purpose: speed (this checks the algorithm, not the timing), static __shared__
 // arrays (the Python builder refuses them: only `extern __shared__` is emulated), atomics,
@@ -82,6 +91,16 @@ template <class A, class B>
 __forceinline__ auto max(A a, B b) -> std::common_type_t<A, B> {
     return a < b ? b : a;
 }
+
+// CUDA's vector types, with its alignment (a float4 load is one 16-byte access).
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+__forceinline__ float2 make_float2(float x, float y) { return {x, y}; }
+__forceinline__ float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
 __forceinline__ float __int_as_float(int x) { return std::bit_cast<float>(x); }
 __forceinline__ int __float_as_int(float x) { return std::bit_cast<int>(x); }
@@ -213,12 +232,67 @@ inline int linear_thread() {
     return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
 }
 
-inline void syncthreads(int line) { current_block->barrier.arrive("__syncthreads", line); }
+// ---- Counting (the EMU_COUNT build). Each thread counts into its own Counts while it runs the
+// kernel's body; run_thread adds them to the launch's total at the end.
+enum Count {
+    kFma,
+    kSharedLoads, kSharedLoadElements, kSharedStores, kSharedStoreElements,
+    kGlobalLoads, kGlobalLoadElements, kGlobalStores, kGlobalStoreElements,
+    kBarriers, kShuffles, kNumCounts
+};  // the order of the fields of emulator.Counts
+struct Counts {
+    unsigned long long n[kNumCounts] = {};
+};
+inline thread_local Counts* thread_counts = nullptr;  // null outside a kernel's body
+
+#ifdef EMU_COUNT
+struct Range {
+    std::uintptr_t begin, end;
+};
+// The array arguments of the launch, set by Python. Plain arrays, not std::vector: the hooks
+// must call no instrumented code (it would call the hooks again).
+constexpr int kMaxRanges = 64;
+inline Range global_ranges[kMaxRanges];
+inline int n_global_ranges = 0;
+inline Range shared_range;                // the block's dynamic shared memory
+inline Counts launch_counts;
+inline std::mutex counts_mutex;
+
+__attribute__((no_sanitize_thread)) inline void count(Count what) {
+    if (thread_counts) ++thread_counts->n[what];
+}
+// One access of `bytes` at `address`: is it shared, global or neither?
+__attribute__((no_sanitize_thread)) inline void count_access(const void* address,
+                                                             std::size_t bytes, bool store) {
+    if (!thread_counts) return;
+    const auto a = reinterpret_cast<std::uintptr_t>(address);
+    int first;
+    if (a >= shared_range.begin && a < shared_range.end) {
+        first = store ? kSharedStores : kSharedLoads;
+    } else {
+        first = -1;
+        for (int i = 0; i < n_global_ranges; ++i)
+            if (a >= global_ranges[i].begin && a < global_ranges[i].end)
+                first = store ? kGlobalStores : kGlobalLoads;
+        if (first < 0) return;
+    }
+    ++thread_counts->n[first];
+    thread_counts->n[first + 1] += (bytes + 3) / 4;  // elements: 4-byte words
+}
+#else
+inline void count(Count) {}
+#endif
+
+inline void syncthreads(int line) {
+    count(kBarriers);
+    current_block->barrier.arrive("__syncthreads", line);
+}
 
 // Every lane posts its value, waits for the warp, then reads lane `src`'s value.
 template <class T>
 T shuffle(unsigned mask, T value, int src_lane, int line) {
     static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>);
+    count(kShuffles);
     const int tid = linear_thread();
     Warp& warp = *current_block->warps[tid / kWarp];
     const int lane = tid % kWarp;
@@ -250,8 +324,23 @@ inline void run_thread(Block& state, const std::function<void()>& body, int tid,
     current_block = &state;
     current_parity = 0;
     std::string error;
+#ifdef EMU_COUNT
+    Counts counts;
+    struct AddCounts {  // on every way out of the body, even an Error
+        Counts& counts;
+        ~AddCounts() {
+            thread_counts = nullptr;
+            std::lock_guard lock(counts_mutex);
+            for (int i = 0; i < kNumCounts; ++i) launch_counts.n[i] += counts.n[i];
+        }
+    } add_counts{counts};
+    thread_counts = &counts;
+#endif
     try {
         body();
+#ifdef EMU_COUNT
+        thread_counts = nullptr;  // the barriers' bookkeeping below is not the kernel's
+#endif
         state.barrier.leave("__syncthreads");
         state.warps[tid / kWarp]->barrier.leave("shuffle");
         return;
@@ -360,6 +449,11 @@ int launch(void (*kernel)(Args...), const char* name, const unsigned* grid3,
         ASAN_UNPOISON_MEMORY_REGION(shared, shared_capacity);
         ASAN_POISON_MEMORY_REGION((char*)shared + shared_bytes, shared_capacity - shared_bytes);
 #endif
+#ifdef EMU_COUNT
+        launch_counts = Counts{};
+        shared_range = {reinterpret_cast<std::uintptr_t>(shared),
+                        reinterpret_cast<std::uintptr_t>(shared) + shared_capacity};
+#endif
         for (unsigned z = 0; z < grid.z; ++z)
             for (unsigned y = 0; y < grid.y; ++y)
                 for (unsigned x = 0; x < grid.x; ++x) {
@@ -385,6 +479,84 @@ inline void check_width(int width, int line) {
 }
 
 }  // namespace emu
+
+#ifdef EMU_COUNT
+// The hooks -fsanitize=thread instrumentation calls, defined here instead of by TSan's runtime
+// (which the counting build does not link): loads and stores are counted, the rest ignored.
+#define EMU_TSAN_ACCESS(N)                                                                    \
+    extern "C" __attribute__((no_sanitize_thread)) void __tsan_read##N(void* p) {             \
+        ::emu::count_access(p, N, false);                                                      \
+    }                                                                                          \
+    extern "C" __attribute__((no_sanitize_thread)) void __tsan_write##N(void* p) {            \
+        ::emu::count_access(p, N, true);                                                       \
+    }                                                                                          \
+    extern "C" __attribute__((no_sanitize_thread)) void __tsan_unaligned_read##N(void* p) {   \
+        ::emu::count_access(p, N, false);                                                      \
+    }                                                                                          \
+    extern "C" __attribute__((no_sanitize_thread)) void __tsan_unaligned_write##N(void* p) {  \
+        ::emu::count_access(p, N, true);                                                       \
+    }                                                                                          \
+    extern "C" __attribute__((no_sanitize_thread)) void __tsan_volatile_read##N(void* p) {    \
+        ::emu::count_access(p, N, false);                                                      \
+    }                                                                                          \
+    extern "C" __attribute__((no_sanitize_thread)) void __tsan_volatile_write##N(void* p) {   \
+        ::emu::count_access(p, N, true);                                                       \
+    }
+EMU_TSAN_ACCESS(1)
+EMU_TSAN_ACCESS(2)
+EMU_TSAN_ACCESS(4)
+EMU_TSAN_ACCESS(8)
+EMU_TSAN_ACCESS(16)
+// An access of a size the above do not cover (a large struct copy): one instruction.
+extern "C" __attribute__((no_sanitize_thread)) void __tsan_read_range(void* p, unsigned long n) {
+    ::emu::count_access(p, n, false);
+}
+extern "C" __attribute__((no_sanitize_thread)) void __tsan_write_range(void* p, unsigned long n) {
+    ::emu::count_access(p, n, true);
+}
+// Atomic loads and stores (a function-local static's guard is one): done, not counted.
+#define EMU_TSAN_ATOMIC(N, T)                                                                  \
+    extern "C" __attribute__((no_sanitize_thread)) T __tsan_atomic##N##_load(                \
+        const volatile T* a, int) {                                                            \
+        return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                           \
+    }                                                                                          \
+    extern "C" __attribute__((no_sanitize_thread)) void __tsan_atomic##N##_store(             \
+        volatile T* a, T v, int) {                                                             \
+        __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                              \
+    }
+EMU_TSAN_ATOMIC(8, unsigned char)
+EMU_TSAN_ATOMIC(16, unsigned short)
+EMU_TSAN_ATOMIC(32, unsigned int)
+EMU_TSAN_ATOMIC(64, unsigned long long)
+extern "C" __attribute__((no_sanitize_thread)) void __tsan_init() {}
+extern "C" __attribute__((no_sanitize_thread)) void __tsan_func_entry(void*) {}
+extern "C" __attribute__((no_sanitize_thread)) void __tsan_func_exit() {}
+extern "C" __attribute__((no_sanitize_thread)) void __tsan_vptr_update(void**, void*) {}
+extern "C" __attribute__((no_sanitize_thread)) void __tsan_vptr_read(void**) {}
+
+// Python sets the global ranges before a launch and reads the counts after it.
+extern "C" void emu_count_set_global_ranges(const unsigned long long* ranges, int n) {
+    ::emu::n_global_ranges = std::min(n, ::emu::kMaxRanges);
+    for (int i = 0; i < ::emu::n_global_ranges; ++i)
+        ::emu::global_ranges[i] = {(std::uintptr_t)ranges[2 * i], (std::uintptr_t)ranges[2 * i + 1]};
+}
+extern "C" void emu_count_get(unsigned long long* out) {
+    for (int i = 0; i < ::emu::kNumCounts; ++i) out[i] = ::emu::launch_counts.n[i];
+}
+
+// A multiply-add the kernel writes as fmaf(a, b, c) is counted, then computed as CUDA does:
+// rounded once.
+namespace emu {
+__forceinline__ float counted_fmaf(float a, float b, float c) {
+    count(kFma);
+    return std::fma(a, b, c);
+}
+}  // namespace emu
+#define fmaf(a, b, c) ::emu::counted_fmaf((a), (b), (c))
+#define __fmaf_rn(a, b, c) ::emu::counted_fmaf((a), (b), (c))
+#else
+__forceinline__ float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+#endif
 
 // __LINE__ names the call site in errors and tells apart barriers that threads reach apart.
 #define __syncthreads() ::emu::syncthreads(__LINE__)

@@ -1,10 +1,10 @@
 """CuPy launcher for the FlashAttention-2 kernels in `flash_attention.cu`.
 
 Holds `flash_attention_forward_cuda` and `flash_attention_backward_cuda`: they check their
-inputs, compile `flash_attention.cu` once with `cupy.RawModule` (NVRTC), pick the tile size
-and shared memory from the device's limits (`launch_plan`), and launch. Semantics, shapes
-and argument names are those of the NumPy twin in `flash_attention.py`, which is the
-reference every kernel is tested against.
+inputs, pick the tile size and shared memory from the device's limits (`launch_plan`),
+compile `flash_attention.cu` with `cupy.RawModule` (NVRTC) once per (tile, head size), and
+launch. Semantics, shapes and argument names are those of the NumPy twin in
+`flash_attention.py`, which is the reference every kernel is tested against.
 
 Given NumPy arrays instead of CuPy ones, the same code runs the same kernels on the CPU
 through `minigrad.kernels.emulator`, whose RawModule has CuPy's calling convention: the one
@@ -37,10 +37,18 @@ _SOURCE = Path(__file__).with_name("flash_attention.cu")
 # static_assert in the source needs C++11; stated so that every CuPy version compiles it alike.
 # No --use_fast_math: accurate expf/logf keep the kernels within ~1e-6 of the twin.
 _COMPILE_OPTIONS = ("-std=c++14",)
-_TILES = (32, 16)  # TILE in the .cu (BR == BC), largest first: the first that fits is used
-_THREADS_PER_ROW = 4  # TPR in the .cu: a block has tile * TPR threads
+# TILE in the .cu (BR == BC) per kernel, largest first: the first that fits is used. Bigger
+# tiles reload K and V (or Q and dO) less often. dK/dV stops at 32: it holds two accumulator
+# blocks, and at 64 rows ptxas spills them at hs = 64 (sm_90, 128 registers a thread).
+_TILES = {
+    "flash_attn_fwd": (64, 32, 16),
+    "flash_attn_bwd_dq": (64, 32, 16),
+    "flash_attn_bwd_dkdv": (32, 16),
+}
+_ROWS_PER_THREAD, _LANES_PER_ROW = 4, 16  # RT and TC in the .cu: a block's thread grid
 _PREPROCESS_THREADS = 128  # flash_attn_bwd_preprocess: four warps, one query row each
-_HS_MIN, _HS_MAX = 16, 128  # HS_MAX in the .cu; below 16 most lanes would idle
+# Above 128 the accumulators outgrow the registers; below 16 most lanes of P V would idle.
+_HS_MIN, _HS_MAX = 16, 128
 _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which indexes (batch, head)
 # A null device pointer passed by value: 8 zero bytes. (Passing None also means null in
 # recent CuPy, but older versions turn None into a missing argument.)
@@ -59,26 +67,37 @@ def _runtime(x: Array) -> tuple[ModuleType, Any, dict]:
 
 
 @cache
-def _module(raw_module: Any, tile: int) -> Any:
-    """The kernels built with `tile`-row tiles; compiled on first use, then cached (CuPy and
-    the emulator also keep the binary on disk, keyed by the source)."""
-    return raw_module(code=_SOURCE.read_text(), options=(*_COMPILE_OPTIONS, f"-DTILE={tile}"))
+def _module(raw_module: Any, tile: int, hs: int) -> Any:
+    """The kernels built with `tile`-row tiles for head size hs; compiled on first use, then
+    cached (CuPy and the emulator also keep the binary on disk, keyed by source and options)."""
+    options = (*_COMPILE_OPTIONS, f"-DTILE={tile}", f"-DHS={hs}")
+    return raw_module(code=_SOURCE.read_text(), options=options)
+
+
+def _threads(tile: int) -> int:
+    """Threads per block, NTHREADS in the .cu: (tile / RT) row groups of TC lanes.
+
+    >>> _threads(64), _threads(32), _threads(16)
+    (256, 128, 64)
+    """
+    return tile // _ROWS_PER_THREAD * _LANES_PER_ROW
 
 
 def _shared_bytes(kernel: str, hs: int, tile: int) -> int:
     """Dynamic shared memory one block of `kernel` needs, mirroring the layout in the .cu.
 
-    Tiles have a row stride of hs rounded up to odd (hs | 1); score tiles have tile + 1.
+    Tiles of rows have a stride of hs rounded up to a multiple of 4, plus 4 (LDV), score
+    tiles one of tile + 4 (LDP): float4-aligned rows, 4 banks apart.
 
-    >>> _shared_bytes("flash_attn_fwd", 64, 32)  # Q, K, V tiles + P: (3*32*65 + 32*33) * 4
-    29184
+    >>> _shared_bytes("flash_attn_fwd", 64, 64)  # Q, K, V tiles + P: (3*64*68 + 64*68) * 4
+    69632
     """
-    ld = hs | 1
-    scores = tile * (tile + 1)
+    ldv = -(-hs // 4) * 4 + 4
+    rows, scores = tile * ldv, tile * (tile + 4)
     floats = {
-        "flash_attn_fwd": 3 * tile * ld + scores,  # sQ, sK, sV, sP
-        "flash_attn_bwd_dq": 4 * tile * ld + scores,  # sQ, sdO, sK, sV, sdS
-        "flash_attn_bwd_dkdv": 4 * tile * ld + 2 * scores + 2 * tile,  # + sLse, sD
+        "flash_attn_fwd": 3 * rows + scores,  # sQ, sK, sV, sP
+        "flash_attn_bwd_dq": 4 * rows + scores,  # sQ, sdO, sK, sV, sdS
+        "flash_attn_bwd_dkdv": 4 * rows + 2 * scores + 2 * tile,  # + sPt, sdSt, sLse, sD
     }[kernel]
     return 4 * floats
 
@@ -91,10 +110,10 @@ def launch_plan(kernel: str, hs: int, attributes: dict) -> tuple[int, int]:
 
     >>> t4 = {"MaxSharedMemoryPerBlockOptin": 64 * 1024}
     >>> launch_plan("flash_attn_fwd", 128, t4), launch_plan("flash_attn_bwd_dkdv", 128, t4)
-    ((32, 53760), (16, 35328))
+    ((32, 55296), (16, 36480))
     """
     limit = attributes["MaxSharedMemoryPerBlockOptin"]
-    for tile in _TILES:
+    for tile in _TILES[kernel]:
         smem = _shared_bytes(kernel, hs, tile)
         if smem <= limit:
             return tile, smem
@@ -109,12 +128,12 @@ def _launch(name: str, n_rows: int, batch_heads: int, args: tuple, hs: int) -> N
     shared memory of `launch_plan`, opting in above the 48 KB default."""
     _, raw_module, attributes = _runtime(args[0])
     tile, smem = launch_plan(name, hs, attributes)
-    kernel = _module(raw_module, tile).get_function(name)
+    kernel = _module(raw_module, tile, hs).get_function(name)
     if smem > attributes["MaxSharedMemoryPerBlock"]:  # 48 KB without opting in
         # The attribute belongs to the kernel on the current device; setting it is cheap.
         kernel.max_dynamic_shared_size_bytes = smem
     grid = (-(-n_rows // tile), batch_heads)
-    kernel(grid, (tile * _THREADS_PER_ROW,), args, shared_mem=smem)
+    kernel(grid, (_threads(tile),), args, shared_mem=smem)
 
 
 def _prepare(name: str, x: Array, ndim: int, xp: ModuleType) -> Array:
@@ -266,7 +285,9 @@ def flash_attention_backward_cuda(
     D = xp.empty((B, nh, T), dtype=xp.float32)
     rows = B * nh * T
     warps_per_block = _PREPROCESS_THREADS // 32  # one warp per row
-    pre = _module(_runtime(q)[1], _TILES[0]).get_function("flash_attn_bwd_preprocess")
+    pre = _module(_runtime(q)[1], _TILES["flash_attn_bwd_dkdv"][0], hs).get_function(
+        "flash_attn_bwd_preprocess"
+    )
     grid = (-(-rows // warps_per_block),)
     pre(grid, (_PREPROCESS_THREADS,), (o, grad_o, D, np.int32(rows), np.int32(hs)))
 

@@ -160,11 +160,13 @@ def test_emulated_kernels_skip_the_tiles_outside_the_window(T, S, poisoned):
 @pytest.mark.parametrize(
     "arch, hs, want",
     [
-        # (fwd, dq, dkdv) tiles. A T4 (64 KB) fits 32-row tiles up to hs = 111 or so only.
+        # (fwd, dq, dkdv) tiles. A T4 (64 KB) fits 32-row backward tiles up to hs = 104 (dK/dV)
+        # or 112 (dQ) and 64-row forward tiles up to hs = 56; an A100 or H100 fits 64-row
+        # forward and dQ tiles at hs = 128 (dK/dV stops at 32 rows everywhere).
         ("sm_75", 64, (32, 32, 32)),
         ("sm_75", 128, (32, 16, 16)),
-        ("sm_80", 128, (32, 32, 32)),
-        ("sm_90", 128, (32, 32, 32)),
+        ("sm_80", 128, (64, 64, 32)),
+        ("sm_90", 128, (64, 64, 32)),
     ],
 )
 def test_tiles_follow_the_device_shared_memory(arch, hs, want):

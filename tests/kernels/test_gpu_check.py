@@ -258,7 +258,7 @@ def test_the_budget_skips_what_does_not_fit_and_stops_what_runs_over(tmp_path):
     )
     absent = gpu_check.Step("counts", [], "counts", 0, "bench/kernel_counts.py is not here")
     start = time.monotonic()
-    results = gpu_check.run_within([quick, heavy, absent, sleeper], start + 5)
+    results = gpu_check.run_within([quick, heavy, absent, sleeper], start + 2)
     assert time.monotonic() - start < 30
     assert [r.passed for r in results] == [True, None, None, False]
     assert results[1].summary.startswith("skipped for the budget: needs about 600 s, ")

@@ -221,8 +221,9 @@ def test_dropout_and_exact_gelu_run_on_the_device(fake_cupy):
 
 
 def test_tf32_training_is_the_run_s_choice_and_ends_with_it(tmp_path, fake_cupy):
-    highest = run("tiny", "cuda", tmp_path / "highest", max_iters=3)
-    high = run("tiny", "cuda", tmp_path / "high", max_iters=3, matmul_precision="high")
+    short = dict(max_iters=3, attn_impl="auto")  # the naive path: no emulated kernel to wait on
+    highest = run("tiny", "cuda", tmp_path / "highest", **short)
+    high = run("tiny", "cuda", tmp_path / "high", **short, matmul_precision="high")
     assert mg.get_float32_matmul_precision() == "highest"  # put back when the run ends
     diff = np.abs(np.subtract(high["losses"], highest["losses"])).max()
     assert 0 < diff < 1e-2  # TF32's 2^-11 input rounding: seen in the losses, and small

@@ -109,6 +109,20 @@ def _apply_matmul_precision(cupy: ModuleType) -> None:
     )
 
 
+_elementwise: dict[tuple, Any] = {}
+
+
+def elementwise_kernel(
+    xp: ModuleType, in_params: str, out_params: str, operation: str, name: str
+) -> Any:
+    """CuPy's ElementwiseKernel for this C snippet, made once per CuPy module and name (CuPy
+    compiles it for each dtype on first call and keeps the binary)."""
+    key = (xp, name, operation)  # the module itself: an id could be reused by another
+    if key not in _elementwise:
+        _elementwise[key] = xp.ElementwiseKernel(in_params, out_params, operation, name)
+    return _elementwise[key]
+
+
 def check_device(device: str) -> str:
     """Normalise a device name ("cuda:0" -> "cuda") or raise naming the accepted ones.
 

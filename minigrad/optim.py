@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minigrad.backend import to_numpy, xp_of
+from minigrad.backend import elementwise_kernel, to_numpy, xp_of
 from minigrad.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -279,7 +279,7 @@ class AdamW(Optimizer):
         t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
         if self.fused is None and xp is not np and _fusable(p, grad):
             step_size, bias2_sqrt = lr / (1 - b1**t), math.sqrt(1 - b2**t)
-            kernel = _adamw_kernel(xp)
+            kernel = elementwise_kernel(xp, *_ADAMW_KERNEL)
             kernel(grad, 1 - lr * wd, b1, b2, 1 - b1, 1 - b2, step_size, bias2_sqrt, eps, p, m, v)
             return
         if wd:
@@ -315,14 +315,6 @@ _ADAMW_KERNEL = (
     """,
     "minigrad_adamw",
 )
-_kernels: dict[Any, Any] = {}
-
-
-def _adamw_kernel(xp: Any) -> Any:
-    """The ElementwiseKernel of ``_ADAMW_KERNEL`` for this CuPy, made once."""
-    if xp not in _kernels:
-        _kernels[xp] = xp.ElementwiseKernel(*_ADAMW_KERNEL)
-    return _kernels[xp]
 
 
 def _fusable(p: Any, grad: Any) -> bool:

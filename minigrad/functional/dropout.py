@@ -24,7 +24,7 @@ import numpy as np
 
 from minigrad import creation
 from minigrad.autograd import Function
-from minigrad.backend import xp_of
+from minigrad.backend import elementwise_kernel, xp_of
 from minigrad.functional.inputs import check_floating
 from minigrad.tensor import Tensor
 
@@ -74,7 +74,8 @@ def keep_mask(shape: tuple[int, ...], p: float, rng: np.random.Generator, like: 
         return rng.random(shape, dtype=np.float32) >= p
     seed = int(rng.integers(2**63))  # one host draw per call keeps the stream reproducible
     keep = xp.empty(shape, dtype=bool)
-    _mask_kernel(xp)(np.uint64(seed), np.float32(p), keep)  # counter_uniform(...) >= p
+    mask_kernel = elementwise_kernel(xp, *_MASK_KERNEL)
+    mask_kernel(np.uint64(seed), np.float32(p), keep)  # counter_uniform(...) >= p
     return keep
 
 
@@ -96,14 +97,6 @@ _MASK_KERNEL = (
     """,
     "minigrad_dropout_mask",
 )
-_kernels: dict[Any, Any] = {}
-
-
-def _mask_kernel(xp: Any) -> Any:
-    """The ElementwiseKernel of ``_MASK_KERNEL`` for this CuPy, made once."""
-    if xp not in _kernels:
-        _kernels[xp] = xp.ElementwiseKernel(*_MASK_KERNEL)
-    return _kernels[xp]
 
 
 def counter_uniform(seed: int, shape: tuple[int, ...], xp: Any = np) -> Any:

@@ -12,7 +12,6 @@ without a C++ compiler, saying so.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -27,10 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import kernel_counts  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "g++")) is None,
-    reason="no C++ compiler (g++ or $CXX): the emulator cannot build kernels",
-)
+from tests.kernels.test_emulator import pytestmark  # noqa: E402, F401 (no C++ compiler: skip)
 
 # Per thread: stage n floats from global to shared memory (a strided loop), wait, K fmaf on a
 # value from one scalar shared load, one float4 shared load, one shuffle, one global store.

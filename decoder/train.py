@@ -384,8 +384,9 @@ def start_run(
         dist=dist,
         scaler=LossScaler(train_cfg.dtype) if train_cfg.dtype in LOW_PRECISION else None,
     )
-    if matmul_text(train_cfg):
-        say(matmul_text(train_cfg))
+    matmul_line = matmul_text(train_cfg)
+    if matmul_line:
+        say(matmul_line)
     if ckpt is None:
         say(f"training {parameters_text(model)}; the run directory is {out_dir}")
         return run

@@ -1,14 +1,14 @@
 """The architecture comparison (issue 17): every comparison preset trained on tiny Shakespeare
 with the same budget and seeds, side by side.
 
-For each preset of decoder/config.py's comparison (gpt2, gpt2-pre, gpt3, llama3, mistral,
+For each preset of decoder/training/config.py's comparison (gpt2, gpt2-pre, gpt3, llama3, mistral,
 deepseek-v2, granite) and each ``--seeds`` value, train ``--max_iters`` steps (default: the
 presets' own 2000, shakespeare-char's budget; fewer scale the warmup down with them) and
 measure:
 
 - val loss at the end (the mean of ``eval_iters`` batches, as the training log's);
 - parameters, total and active per token (they differ only for deepseek-v2's experts);
-- KV-cache bytes per token (float32, all layers: decoder/mla.py's cache_floats_per_token)
+- KV-cache bytes per token (float32, all layers: decoder/model/mla.py's cache_floats_per_token)
   and bytes for a full context, where a sliding window caps a layer's cache at W tokens;
 - training tokens/s (the training log's last interval) and generation tokens/s (greedy,
   with the KV cache, ``--gen_tokens`` from a one-token prompt: past block_size, a model
@@ -41,11 +41,11 @@ FLOAT32_BYTES = 4
 def cache_bytes(model_cfg: Any) -> tuple[int, int]:
     """(bytes per token, bytes for a block_size context) of the whole model's KV caches.
 
-    >>> from decoder.config import build_configs
+    >>> from decoder.training.config import build_configs
     >>> cache_bytes(build_configs("mistral")[0])  # 4 layers, K and V of 2 heads x 32, 16 kept
     (2048, 32768)
     """
-    from decoder.mla import cache_floats_per_token
+    from decoder.model.mla import cache_floats_per_token
 
     per_token = cache_floats_per_token(model_cfg) * FLOAT32_BYTES
     per_layer = per_token // model_cfg.n_layer
@@ -58,10 +58,10 @@ def cache_bytes(model_cfg: Any) -> tuple[int, int]:
 
 def run_one(preset: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Train one preset with one seed in a temporary directory; its measurements."""
-    from decoder.checkpoint import load_model
-    from decoder.config import PRESETS, build_configs
-    from decoder.data import load_shakespeare
-    from decoder.train import train
+    from decoder.text.data import load_shakespeare
+    from decoder.training.checkpoint import load_model
+    from decoder.training.config import PRESETS, build_configs
+    from decoder.training.loop import train
 
     steps = args.max_iters or PRESETS[preset].train["max_iters"]
     warmup = PRESETS[preset].train["warmup_iters"] * steps // PRESETS[preset].train["max_iters"]

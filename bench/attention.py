@@ -277,8 +277,8 @@ def cuda_table(T_values: list[int], reps: int) -> None:
 def kv_cache_table() -> None:
     """Tokens per second of greedy generation, with and without the KV cache."""
     try:
-        from decoder.config import build_configs
-        from decoder.model import Decoder
+        from decoder.model.model import Decoder
+        from decoder.training.config import build_configs
     except ImportError as e:
         print(f"KV cache benchmark skipped: the model is not available ({e})")
         return

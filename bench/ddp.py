@@ -1,7 +1,7 @@
-"""Data-parallel training over MPI (decoder.dist) with 1 and 2 ranks on this machine.
+"""Data-parallel training over MPI (decoder.training.dist) with 1 and 2 ranks on this machine.
 
 For each rank count N it launches ``mpirun -n N`` on this script (``--worker``), and each rank
-takes ``--steps`` timed training steps of a preset's model (decoder.step.train_step with a
+takes ``--steps`` timed training steps of a preset's model (decoder.training.step.train_step with a
 DataParallel, after a few untimed ones) on its own ``batch_size`` rows, one BLAS thread per
 rank. Rank 0 reports the median step time, the tokens/s of all ranks together (N * B * T rows
 per step), the seconds per step spent in the gradient's Allreduce (and in ZeRO-1's Allgather
@@ -36,10 +36,10 @@ WARMUP_STEPS = 3
 
 def worker(preset: str, steps: int, zero: bool) -> None:
     import minigrad as mg
-    from decoder.config import build_configs
-    from decoder.dist import DataParallel
-    from decoder.model import Decoder
-    from decoder.step import train_step
+    from decoder.model.model import Decoder
+    from decoder.training.config import build_configs
+    from decoder.training.dist import DataParallel
+    from decoder.training.step import train_step
     from minigrad.backend import reuse_freed_memory
     from minigrad.optim import AdamW, param_groups_for_decay
 

@@ -10,7 +10,7 @@ Three rows: minigrad with the cache (decoder.generate's default), minigrad witho
 the last position only, top-k, ``torch.multinomial``). All start from the same weights (our
 initialisation, untrained: speed does not depend on them) and the prompt "\\n", and sample
 with nanoGPT's sample.py settings (temperature 0.8, top_k 200). Ours is timed through
-decoder.generate.print_sample, the command line's own path without the checkpoint load,
+decoder.text.stream.print_sample, the command line's own path without the checkpoint load,
 writing into a buffer instead of the terminal. Each row is the best of ``--reps`` runs after
 a 10-token warm-up, in its own process.
 
@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
-from decoder.config import ModelConfig, build_configs  # noqa: E402
+from decoder.model.config import ModelConfig  # noqa: E402
+from decoder.training.config import build_configs  # noqa: E402
 
 TEMPERATURE, TOP_K = 0.8, 200  # nanoGPT's sample.py defaults
 PROMPT = "\n"
@@ -49,9 +50,9 @@ SIDES = {
 def setup(args: argparse.Namespace) -> tuple[ModelConfig, object, dict]:
     """The model config, the tokenizer and our initial weights (as decoder.train makes them)."""
     import minigrad as mg
-    from decoder.data import load_shakespeare, load_text
-    from decoder.model import Decoder
-    from decoder.tokenizer import CharTokenizer
+    from decoder.model.model import Decoder
+    from decoder.text.data import load_shakespeare, load_text
+    from decoder.text.tokenizer import CharTokenizer
 
     text = load_text(args.data) if args.data else load_shakespeare()
     tokenizer = CharTokenizer.from_text(text)
@@ -65,8 +66,8 @@ def setup(args: argparse.Namespace) -> tuple[ModelConfig, object, dict]:
 
 def time_ours(args: argparse.Namespace, use_cache: bool) -> float:
     """Best tokens/s of ``args.reps`` runs of decoder.generate's sampling, in this process."""
-    from decoder.generate import print_sample
-    from decoder.model import Decoder
+    from decoder.model.model import Decoder
+    from decoder.text.stream import print_sample
 
     model_cfg, tokenizer, state = setup(args)
     model = Decoder(model_cfg)

@@ -63,11 +63,11 @@ def step_counts(
     ``overrides`` as text (the command line's --set), ``extra`` typed. ``cupy``: the stand-in
     already installed (the tests' fixture), else it is installed for this process."""
     cupy = cupy or install_stand_in()
-    import decoder.step as step_module
-    from decoder.config import build_configs
-    from decoder.model import Decoder
-    from decoder.step import lm_loss, train_step
-    from decoder.train import make_optimizer
+    import decoder.training.step as step_module
+    from decoder.model.model import Decoder
+    from decoder.training.config import build_configs
+    from decoder.training.run import make_optimizer
+    from decoder.training.step import lm_loss, train_step
 
     small = {k: v for k, v in SMALL.items() if k not in (overrides or {})}
     model_cfg, train_cfg = build_configs(preset, overrides, **{**small, **extra, "device": "cuda"})

@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 import minigrad as mg
-from decoder.config import ModelConfig
-from decoder.mla import MultiHeadLatentAttention, cache_floats_per_token
+from decoder.model.config import ModelConfig
+from decoder.model.mla import MultiHeadLatentAttention, cache_floats_per_token
 from minigrad.autograd import no_grad
 
 MODEL = dict(n_layer=8, n_head=8, n_embd=512, pos="rope")  # head size 64

@@ -3,7 +3,7 @@
     python bench/profile_step.py                                      # shakespeare-char
     python bench/profile_step.py --steps 300 --preset shakespeare-char-modern
 
-A step is split into the phases decoder.step.train_step runs: forward (the model and its
+A step is split into the phases decoder.training.step.train_step runs: forward (the model and its
 loss), backward (``loss.backward()``) and the optimiser (gradient clipping, AdamW's step,
 zeroing the gradients). Within forward and backward, the time is given to the ops:
 
@@ -43,7 +43,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
-from decoder.config import build_configs  # noqa: E402
+from decoder.training.config import build_configs  # noqa: E402
 
 # The kind of an op, from the first pattern its lowercased name contains (order matters:
 # "addmm" is a linear layer before it is an add, "logsoftmax" a loss before it is a softmax).
@@ -162,7 +162,7 @@ def plain_ms_per_step(step: Callable, batches: list, warmup: int, steps: int) ->
 def profile_ours(preset: str, steps: int, warmup: int, overrides: dict | None = None) -> dict:
     """Milliseconds per step by phase and by op, and the plain ms/step, for minigrad."""
     import minigrad as mg
-    from decoder.model import Decoder
+    from decoder.model.model import Decoder
     from minigrad.backend import reuse_freed_memory
     from minigrad.optim import AdamW, clip_grad_norm_, param_groups_for_decay
 
@@ -182,7 +182,7 @@ def profile_ours(preset: str, steps: int, warmup: int, overrides: dict | None = 
     clock, phase = Clock(), ["forward"]
 
     def step(x: np.ndarray, y: np.ndarray) -> None:
-        # decoder.step.train_step, split into phases (its NaN check left out)
+        # decoder.training.step.train_step, split into phases (its NaN check left out)
         with clock("forward"):
             phase[0] = "forward"
             _, loss = model(mg.Tensor(x), mg.Tensor(y))

@@ -4,7 +4,7 @@ Trains the ``shakespeare-char-modern`` preset (RoPE, RMSNorm, SwiGLU, GQA) at it
 64 for ``--iters`` steps, then evaluates the same weights at contexts 64, 128, 256 and 512
 (``--contexts``) four ways: RoPE as trained, linear position interpolation, NTK-aware base
 change and YaRN, each with factor = context / 64 and YaRN's original context 64
-(decoder/positional.py, ``rope_frequencies``). The loss is the mean next-token cross-entropy
+(decoder/model/positional.py, ``rope_frequencies``). The loss is the mean next-token cross-entropy
 over every position of ``--eval-batches`` x ``--batch-size`` validation windows of the
 context's length (the same windows for the four), so a scaling that breaks the positions
 past 64 shows as a rising loss. With ``--finetune N``, each of the four is then trained N
@@ -26,10 +26,10 @@ import time
 import numpy as np
 
 import minigrad as mg
-from decoder.config import build_configs
-from decoder.data import TokenDataset, load_shakespeare, load_text
-from decoder.model import Decoder
-from decoder.tokenizer import get_tokenizer
+from decoder.model.model import Decoder
+from decoder.text.data import TokenDataset, load_shakespeare, load_text
+from decoder.text.tokenizer import get_tokenizer
+from decoder.training.config import build_configs
 from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr, param_groups_for_decay, set_lr
 
 PRESET, TRAIN_CONTEXT = "shakespeare-char-modern", 64

@@ -11,7 +11,7 @@ directory: the ``tiny`` preset as the draft and ``shakespeare-char`` as the targ
 Each row generates from ``--prompts`` prompts (the first characters of lines of the
 validation text) as many tokens as fit in the target's block_size: past it the context window
 moves with every token and speculative decoding lets the target generate alone (see
-decoder/decoding.py), so the speed-up is measured where it applies. Rows: greedy and sampled
+decoder/model/decoding.py), so the speed-up is measured where it applies. Rows: greedy and sampled
 (temperature 0.8), for several k. The acceptance rate is the share of drafted tokens kept; at
 temperature 0 the tokens are also checked equal to the target's own greedy tokens. Timings
 are wall-clock in this process, after a warm-up, on the CPU.
@@ -28,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere
 
-from decoder.checkpoint import load_model  # noqa: E402
-from decoder.config import build_configs  # noqa: E402
-from decoder.data import load_shakespeare, load_text  # noqa: E402
-from decoder.decoding import speculative_decode  # noqa: E402
-from decoder.train import train  # noqa: E402
+from decoder.model.decoding import speculative_decode  # noqa: E402
+from decoder.text.data import load_shakespeare, load_text  # noqa: E402
+from decoder.training.checkpoint import load_model  # noqa: E402
+from decoder.training.config import build_configs  # noqa: E402
+from decoder.training.loop import train  # noqa: E402
 
 PROMPT_CHARS = 4
 KS = (2, 4, 6)

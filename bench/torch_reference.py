@@ -12,8 +12,8 @@ next batch fetched right after the forward pass.
 
 What it takes from us, so that both engines see the same numbers: the initial weights (ours,
 copied in by ``load_ours``, which concatenates wq/wk/wv into ``c_attn``), the batches (drawn
-by decoder.data with the same seeds, where nanoGPT draws them with ``torch.randint``), and
-the fixed evaluation batches of decoder.step.estimate_loss (nanoGPT draws fresh ones).
+by decoder.text.data with the same seeds, where nanoGPT draws them with ``torch.randint``), and
+the fixed evaluation batches of decoder.training.step.estimate_loss (nanoGPT draws fresh ones).
 
 Beyond nanoGPT, for our modern preset, the same model takes RoPE (rotate-half pairs), RMSNorm,
 grouped-query heads (``c_attn`` then holds nh query and 2 n_kv key/value heads, and SDPA's
@@ -34,7 +34,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from decoder.config import ModelConfig, TrainConfig
+from decoder.model.config import ModelConfig
+from decoder.training.config import TrainConfig
 
 # Our parameter names -> nanoGPT's, applied in order to each name.
 RENAMES = (
@@ -285,7 +286,8 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
 
 @torch.no_grad()
 def estimate_loss(model: GPT, data: Any, cfg: TrainConfig, device: str) -> dict[str, float]:
-    """As decoder.step.estimate_loss: the same fixed batches, reseeded at every evaluation."""
+    """As decoder.training.step.estimate_loss: the same fixed batches, reseeded at every
+    evaluation."""
     model.eval()
     out = {}
     for i, split in enumerate(("train", "val")):
@@ -309,7 +311,7 @@ def train_reference(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Train nanoGPT's model from our weights ``init_state`` with nanoGPT's loop, on ``data``
-    (a decoder.data.TokenDataset), for ``train_cfg.max_iters`` steps.
+    (a decoder.text.data.TokenDataset), for ``train_cfg.max_iters`` steps.
 
     Returns {"train_loss", "val_loss", "tokens_per_s", "time_s", "losses", "threads"}:
     tokens/s counts the training steps alone, evaluation excluded, as ours does.

@@ -11,7 +11,7 @@ with the same recipe, each in its own process, and compare losses, speed and pea
 The reference is nanoGPT's model.py and train.py as a user runs them on the CPU (fused qkv,
 SDPA, its AdamW set-up, torch's default threads), so its speed is nanoGPT's own. Both sides
 start from the same weights (our model's initialisation, copied into the reference), sample
-the very same batches (decoder.data with the same seeds), follow the same learning rate
+the very same batches (decoder.text.data with the same seeds), follow the same learning rate
 schedule and score the same evaluation batches. So their losses agree closely at first, which
 checks the whole engine end to end. shakespeare-char and baby-gpt follow nanoGPT's recipe,
 its exact GELU included; should a preset drift from it (say back to GPT-2's tanh GELU, read
@@ -53,9 +53,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from decoder.config import ModelConfig, TrainConfig, build_configs  # noqa: E402
-from decoder.data import TokenDataset, load_shakespeare, load_text  # noqa: E402
-from decoder.tokenizer import CharTokenizer  # noqa: E402
+from decoder.model.config import ModelConfig  # noqa: E402
+from decoder.text.data import TokenDataset, load_shakespeare, load_text  # noqa: E402
+from decoder.text.tokenizer import CharTokenizer  # noqa: E402
+from decoder.training.config import TrainConfig, build_configs
 
 TARGET_VAL_LOSS = 1.89  # shakespeare-char, 2000 steps: nanoGPT's code measured 1.886
 TARGET_RATIO = 0.9  # our tokens/s over the reference's, on the CPU (issue 15)
@@ -160,8 +161,8 @@ def run_side(args: argparse.Namespace) -> dict:
     model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
     keys = ("train_loss", "val_loss", "tokens_per_s", "time_s", "losses")
     if args.side == "ours":
-        from decoder.shards import workers_peak_rss_bytes
-        from decoder.train import train  # it calls reuse_freed_memory() itself
+        from decoder.training.loop import train  # it calls reuse_freed_memory() itself
+        from decoder.training.shards import workers_peak_rss_bytes
 
         with tempfile.TemporaryDirectory() as out:
             result = train(model_cfg, train_cfg, text, out, progress=not args.quiet)
@@ -176,7 +177,7 @@ def run_side(args: argparse.Namespace) -> dict:
     from torch_reference import get_lr, train_reference  # beside this file
 
     import minigrad as mg
-    from decoder.model import Decoder
+    from decoder.model.model import Decoder
     from minigrad.optim import cosine_lr
 
     # the same schedule, step for step
@@ -202,10 +203,10 @@ def run_side(args: argparse.Namespace) -> dict:
 
 def our_shards(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     """Our side's use of the cores: the ``shards`` setting of its TrainConfig, the shards a
-    training micro-batch of this run really splits into (decoder.step.shard_count: 1 where
+    training micro-batch of this run really splits into (decoder.training.step.shard_count: 1 where
     sharding is off, e.g. under dropout or on the GPU) and the cores this process may use."""
-    from decoder.model import Decoder
-    from decoder.step import shard_count
+    from decoder.model.model import Decoder
+    from decoder.training.step import shard_count
     from minigrad.backend import cpu_count
 
     shards = 1

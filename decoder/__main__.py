@@ -4,6 +4,8 @@ COMMANDS = """\
 python -m decoder.train       train a model (--list-presets; any config field as --key=value)
 python -m decoder.generate    sample text from a checkpoint (--checkpoint DIR --prompt TEXT)
 python -m decoder.finetune    LoRA fine-tuning on new text; 'finetune merge' folds adapters in
+python -m decoder.sft         supervised fine-tuning on instruction pairs (--checkpoint RUN --out)
+python -m decoder.dpo         preference optimisation (DPO) of an SFT run (--checkpoint RUN --out)
 """
 
 if __name__ == "__main__":

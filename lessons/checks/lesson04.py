@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from exercises import forbidden
 
-import decoder.positional
+import decoder.model.positional
 import minigrad as mg
-from decoder.positional import RoPE
+from decoder.model.positional import RoPE
 from minigrad import functional as F
 
 
@@ -32,7 +32,8 @@ def test_rope_rotate(fn):
     for pos in [0, 1, 7, 39]:
         expected = module(mg.tensor(x[None, None, None, :]), offset=pos).numpy()[0, 0, 0]
         with forbidden(fn, RoPE, "forward", "rotate the pairs yourself"):
-            with forbidden(fn, decoder.positional, "rope_tables", "compute the angles yourself"):
+            why = "compute the angles yourself"
+            with forbidden(fn, decoder.model.positional, "rope_tables", why):
                 got = fn(x, pos)
         assert np.allclose(got, expected, atol=1e-5), f"differs from RoPE at pos={pos}"
     q, k = g.standard_normal(hs), g.standard_normal(hs)

@@ -7,8 +7,9 @@ import numpy as np
 from exercises import forbidden
 
 import minigrad as mg
-from decoder.config import ModelConfig, build_configs
-from decoder.model import Decoder
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.training.config import build_configs
 from minigrad import functional as F
 
 

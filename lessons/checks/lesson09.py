@@ -11,9 +11,9 @@ import numpy as np
 from exercises import forbidden
 
 import minigrad as mg
-from decoder.config import ModelConfig
-from decoder.model import Decoder
-from decoder.tokenizer import CharTokenizer
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.text.tokenizer import CharTokenizer
 from minigrad import functional as F
 
 PROMPTS = ("ROMEO:\n", "First Citizen:\nWe are", "KING:\nMy lord")

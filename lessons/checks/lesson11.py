@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from exercises import forbidden
 
-from decoder.config import ModelConfig
-from decoder.model import Decoder
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
 from minigrad.nn import Linear
 from minigrad.nn.lora import LoRAHeadLinear, LoRALinear, apply_lora
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 import minigrad as mg
-from decoder.config import ModelConfig
-from decoder.model import Decoder
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
 from minigrad.optim import AdamW
 
 

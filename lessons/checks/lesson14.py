@@ -8,11 +8,12 @@ import math
 import numpy as np
 from exercises import forbidden
 
-import decoder.step
+import decoder.training.step
 import minigrad as mg
-from decoder.block import Block
-from decoder.config import ModelConfig, TrainConfig
-from decoder.model import Decoder
+from decoder.model.block import Block
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.training.config import TrainConfig
 from minigrad.optim import AdamW, set_lr
 
 CONFIG = ModelConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -61,8 +62,8 @@ def test_train_step(fn):
     opt_mine, opt_library = AdamW(mine.parameters(), lr=1e-2), AdamW(library.parameters(), lr=1e-2)
     cfg = TrainConfig(grad_clip=1.0, shards=1)  # the whole batch at once, as a student writes it
     for step in range(1, 4):
-        want = decoder.step.train_step(library, opt_library, x, y, cfg, step)
-        with forbidden(fn, decoder.step, "train_step", "write the step yourself"):
+        want = decoder.training.step.train_step(library, opt_library, x, y, cfg, step)
+        with forbidden(fn, decoder.training.step, "train_step", "write the step yourself"):
             got = fn(mine, opt_mine, x, y, 1.0)
         assert math.isclose(got, want, rel_tol=1e-5), f"step {step}: loss {got}, library {want}"
     for (name, p), q in zip(mine.named_parameters(), library.parameters(), strict=True):
@@ -86,7 +87,7 @@ def test_train_loop(fn):
     cfg = TrainConfig(grad_clip=1.0, shards=1)  # the whole batch at once, as a student writes it
     for s in range(5):
         set_lr(opt_library, 3e-2)
-        want = decoder.step.train_step(library, opt_library, x, y, cfg, s + 1)
+        want = decoder.training.step.train_step(library, opt_library, x, y, cfg, s + 1)
         assert math.isclose(losses[s], want, rel_tol=1e-5), (
             f"step {s}: loss {losses[s]}, the library's {want}: set the rate lr_at(s) before "
             f"step s, then take the step"

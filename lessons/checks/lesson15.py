@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 from exercises import forbidden
 
-import decoder.pretrained
+import decoder.hf.pretrained
 import minigrad.serialization
-from decoder.pretrained import K, Q, V, to_ours
+from decoder.hf.pretrained import K, Q, V, to_ours
 from minigrad.serialization import save_safetensors
 
 
@@ -42,7 +42,7 @@ def test_split_c_attn(fn):
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((C, 3 * C)).astype(np.float32)  # Conv1D: (in, out)
     bias = rng.standard_normal(3 * C).astype(np.float32)
-    with forbidden(fn, decoder.pretrained, "to_ours", "split and transpose the arrays yourself"):
+    with forbidden(fn, decoder.hf.pretrained, "to_ours", "split and transpose the arrays yourself"):
         weights, biases = fn(weight, bias)
     assert len(weights) == 3 and len(biases) == 3, "three weights and three biases: Q, K, V"
     for name, layout, w, b in zip("QKV", (Q, K, V), weights, biases, strict=True):

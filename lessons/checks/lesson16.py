@@ -1,7 +1,7 @@
 """Checks of lesson 16 (training past one process): ``global_mean_grad``, ``zero_slices`` and
-``update_scale``, each against the library (a float64 model's gradients, decoder.dist's ZeRO-1
-slices, decoder.mixed_precision's LossScaler), with the function that would answer it off
-limits."""
+``update_scale``, each against the library (a float64 model's gradients, decoder.training.dist's
+ZeRO-1 slices, decoder.training.mixed_precision's LossScaler), with the function that would answer
+it off limits."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 from exercises import forbidden
 
 import minigrad as mg
-from decoder.config import ModelConfig
-from decoder.dist import DataParallel
-from decoder.mixed_precision import LossScaler
-from decoder.model import Decoder
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.training.dist import DataParallel
+from decoder.training.mixed_precision import LossScaler
 
 
 def flat_grad(model: Decoder, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -49,7 +49,7 @@ def test_global_mean_grad(fn):
 
 
 def library_slices(sizes: list[int], n_ranks: int, rank: int) -> list[tuple[int, int, int]]:
-    """decoder.dist's slices of ``rank``, from a DataParallel built without MPI."""
+    """decoder.training.dist's slices of ``rank``, from a DataParallel built without MPI."""
     dist = object.__new__(DataParallel)  # _pieces reads only the rank and the size
     dist.rank, dist.size = rank, n_ranks
     params = [SimpleNamespace(data=np.empty(n)) for n in sizes]

@@ -7,8 +7,8 @@ import numpy as np
 from exercises import forbidden
 
 import minigrad as mg
-from decoder import positional
-from decoder.mla import MultiHeadLatentAttention
+from decoder.model import positional
+from decoder.model.mla import MultiHeadLatentAttention
 from minigrad import functional as F
 from minigrad.functional import attention
 

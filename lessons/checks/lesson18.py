@@ -1,7 +1,7 @@
 """Checks of lesson 18 (architectures side by side): ``kv_bytes_per_token`` against
-decoder/mla.py's count, ``load_balancing_loss`` against the aux loss decoder/moe.py's MoE
-layer computes, ``greedy_accept`` against decoder/decoding.py's speculative sampling rule at
-temperature 0; each with the function that would answer it off limits."""
+decoder/model/mla.py's count, ``load_balancing_loss`` against the aux loss decoder/model/moe.py's
+MoE layer computes, ``greedy_accept`` against decoder/model/decoding.py's speculative sampling rule
+at temperature 0; each with the function that would answer it off limits."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 from exercises import forbidden
 
 import minigrad as mg
-from decoder import decoding, mla
-from decoder.config import build_configs
-from decoder.moe import MoE
+from decoder.model import decoding, mla
+from decoder.model.moe import MoE
+from decoder.training.config import build_configs
 from minigrad.ops import routing
 
 

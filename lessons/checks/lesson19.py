@@ -1,5 +1,5 @@
 """Checks of lesson 19 (from a base model to an assistant): ``masked_targets`` against
-decoder.chat's ``pad_batch``, ``response_logp`` against cross_entropy, and ``dpo_loss``
+decoder.post.chat's ``pad_batch``, ``response_logp`` against cross_entropy, and ``dpo_loss``
 against minigrad's fused DPO loss, each with the function that would answer it off limits."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import numpy as np
 from exercises import forbidden
 
 import minigrad as mg
-from decoder import chat
-from decoder.chat import IGNORE_INDEX, pad_batch
+from decoder.model.model import IGNORE_INDEX
+from decoder.post import chat
+from decoder.post.chat import pad_batch
 from minigrad import functional as F
 from minigrad.functional.dpo import DPOLoss
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import pairwise
 
-from decoder.tokenizer import merge_pair, split_text
+from decoder.text.bpe import merge_pair, split_text
 
 
 def build_vocab(merges: list[tuple[int, int]]) -> list[bytes]:

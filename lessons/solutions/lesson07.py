@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from decoder.config import ModelConfig
+from decoder.model.config import ModelConfig
 
 
 def cross_entropy_grad(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from decoder.config import ModelConfig
+from decoder.model.config import ModelConfig
 from minigrad.nn.lora import LoRALinear
 
 

@@ -13,7 +13,7 @@ def kv_bytes_per_token(config, dtype_bytes: int = 4) -> int:
     """Bytes one token adds to the KV caches of the whole model: per layer, K and V of each
     of the n_kv_head heads (MHA, GQA), or MLA's latent c_KV and its shared rotary key.
 
-    >>> from decoder.config import ModelConfig
+    >>> from decoder.model.config import ModelConfig
     >>> kv_bytes_per_token(ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, pos="rope"))
     256
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from decoder.chat import IGNORE_INDEX  # -100: a target that adds no loss and no gradient
+from decoder.model.model import IGNORE_INDEX  # -100: a target that adds no loss and no gradient
 
 
 def masked_targets(ids: list[int], n_prompt: int) -> tuple[np.ndarray, np.ndarray]:

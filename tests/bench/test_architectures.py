@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from decoder.config import build_configs
+from decoder.training.config import build_configs
 from tests.decoder.test_train import TEXT
 
 BENCH = Path(__file__).parents[2] / "bench"
@@ -50,7 +50,7 @@ def test_summarise_takes_medians_and_the_spread_per_preset():
 
 def test_a_tiny_comparison_writes_its_table_json_and_plot(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr("decoder.data.load_shakespeare", lambda: TEXT)
+    monkeypatch.setattr("decoder.text.data.load_shakespeare", lambda: TEXT)
     out = tmp_path / "arch"
     arch.main(
         ["--presets", "llama3", "deepseek-v2", "--seeds", "1", "2", "--max_iters", "2"]

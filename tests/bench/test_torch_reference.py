@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.config import build_configs
-from decoder.data import TokenDataset
-from decoder.model import Decoder
-from decoder.tokenizer import CharTokenizer
+from decoder.model.model import Decoder
+from decoder.text.data import TokenDataset
+from decoder.text.tokenizer import CharTokenizer
+from decoder.training.config import build_configs
 
 pytest.importorskip("torch", reason="the oracle is not installed: pip install -e '.[oracle]'")
 import torch  # noqa: E402
@@ -77,7 +77,7 @@ def test_load_ours_names_the_mismatch():
 @pytest.mark.summation_order
 def test_training_repeats_our_losses(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "data"))
-    from decoder.train import train
+    from decoder.training.loop import train
 
     rng = np.random.default_rng(0)
     text = "".join(rng.choice(list("abcdefghij ,.\n"), size=4000))

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from decoder import config as config_module
-from decoder.config import build_configs
-from decoder.model import Decoder
+from decoder.model.model import Decoder
+from decoder.training import config as config_module
+from decoder.training.config import build_configs
 
 BENCH = Path(__file__).parents[2] / "bench"
 

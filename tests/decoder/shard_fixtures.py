@@ -1,4 +1,4 @@
-"""The two fixtures every test of the row shards (decoder/shards.py) runs under.
+"""The two fixtures every test of the row shards (decoder/training/shards.py) runs under.
 
 Imported by test_shards.py and test_shard_workers.py, where they are autouse.
 """
@@ -9,8 +9,8 @@ import multiprocessing
 
 import pytest
 
-import decoder.shards as shards_module
-import decoder.step as step_module
+import decoder.training.shards as shards_module
+import decoder.training.step as step_module
 from minigrad import backend
 
 

@@ -1,15 +1,16 @@
 """Gradient accumulation: k micro-batches of b rows take the step one batch of k * b takes
-(float64, dropout off), in decoder.step.train_step and in the training loop, and a resumed
+(float64, dropout off), in decoder.training.step.train_step and in the training loop, and a resumed
 accumulating run repeats the uninterrupted one."""
 
 import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.config import ModelConfig, TrainConfig, build_configs
-from decoder.model import Decoder
-from decoder.step import train_step
-from decoder.train import train
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.training.config import TrainConfig, build_configs
+from decoder.training.loop import train
+from decoder.training.step import train_step
 from minigrad.optim import AdamW, param_groups_for_decay
 from tests.support.numerics import assert_close
 
@@ -97,9 +98,9 @@ def test_an_accumulating_run_resumes_exactly(tmp_path):
 
 
 def test_a_fine_tune_accumulates_as_the_base_run_did():
-    from decoder.data import TokenDataset
-    from decoder.finetune import train_adapters
-    from decoder.tokenizer import get_tokenizer
+    from decoder.post.lora import train_adapters
+    from decoder.text.data import TokenDataset
+    from decoder.text.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer("char", text=TEXT)
     data = TokenDataset.from_text(TEXT, tokenizer)

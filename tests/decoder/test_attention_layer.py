@@ -1,12 +1,12 @@
-"""Tests for decoder/attention.py: CausalSelfAttention against a per-head NumPy reference,
+"""Tests for decoder/model/attention.py: CausalSelfAttention against a per-head NumPy reference,
 causality for every position scheme, the KV cache, gradchecks and errors."""
 
 import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.attention import CausalSelfAttention, KVCache
-from decoder.positional import POSITIONS, LearnedPositions, SinusoidalPositions, alibi_slopes
+from decoder.model.attention import CausalSelfAttention, KVCache
+from decoder.model.positional import POSITIONS, LearnedPositions, SinusoidalPositions, alibi_slopes
 
 C, NH = 16, 4  # n_embd and n_head of most layers here (head size 4)
 

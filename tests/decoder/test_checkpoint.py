@@ -1,5 +1,5 @@
-"""decoder.checkpoint: round trips, atomic replacement, loads during saves, and clear errors on
-broken, crafted or old checkpoints."""
+"""decoder.training.checkpoint: round trips, atomic replacement, loads during saves, and clear
+errors on broken, crafted or old checkpoints."""
 
 import json
 import os
@@ -11,11 +11,16 @@ import time
 import numpy as np
 import pytest
 
-import decoder.checkpoint as ck
-from decoder.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
-from decoder.config import build_configs
-from decoder.model import Decoder
-from decoder.tokenizer import CharTokenizer
+import decoder.training.checkpoint as ck
+from decoder.model.model import Decoder
+from decoder.text.tokenizer import CharTokenizer
+from decoder.training.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+)
+from decoder.training.config import build_configs
 from minigrad.optim import AdamW
 
 TEXT = "to be or not to be, that is the question\n"

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 import decoder.finetune as ft
-import decoder.generate as gen
+import decoder.post.lora as lora
 import decoder.train as tr
-from decoder.checkpoint import load_checkpoint, load_model
-from decoder.config import PRESETS, build_configs
-from decoder.finetune import finetune, load_adapted, merge
-from decoder.rundir import RunDirError
-from decoder.train import train
+from decoder.post.lora import finetune, load_adapted, merge
+from decoder.text.stream import print_sample
+from decoder.training.checkpoint import load_checkpoint, load_model
+from decoder.training.config import PRESETS, build_configs
+from decoder.training.loop import train
+from decoder.training.rundir import RunDirError
 from minigrad.serialization import load_safetensors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,13 +189,13 @@ def base_run(tmp_path_factory):
 def test_generate_streams_each_token(base_run, capsys):
     model, tok, _ = load_model(base_run)
     out = Recorder()
-    text = gen.print_sample(model, tok, "the", 25, temperature=0.8, seed=3, out=out)
+    text = print_sample(model, tok, "the", 25, temperature=0.8, seed=3, out=out)
     assert out.getvalue() == text + "\n" and len(text) == 3 + 25
     assert out.flushes >= 25  # one flush per token (plus the prompt and the newline)
-    again = gen.print_sample(model, tok, "the", 25, temperature=0.8, seed=3, out=Recorder())
+    again = print_sample(model, tok, "the", 25, temperature=0.8, seed=3, out=Recorder())
     assert again == text  # seeded
     long_prompt = "the cat sat on a mat " * 3  # 63 characters > block_size 16
-    gen.print_sample(model, tok, long_prompt, 5, seed=0, out=Recorder())
+    print_sample(model, tok, long_prompt, 5, seed=0, out=Recorder())
     assert "more than the context of 16" in capsys.readouterr().err
 
 
@@ -315,7 +316,7 @@ def test_finetune_diverges_as_training_does(base_run, tmp_path, monkeypatch, cap
         model.forward = nan_in_training
         return model, tokenizer, ckpt
 
-    monkeypatch.setattr(ft, "load_model", poisoned_model)
+    monkeypatch.setattr(lora, "load_model", poisoned_model)
     data = tmp_path / "new.txt"
     data.write_text(make_text(["sat", "on", "a", "mat"], seed=2))
     out = tmp_path / "o"

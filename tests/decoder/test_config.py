@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from decoder.attention import CausalSelfAttention
-from decoder.config import PRESETS, ModelConfig, TrainConfig, build_configs
-from decoder.positional import RoPE
+from decoder.model.attention import CausalSelfAttention
+from decoder.model.config import ModelConfig
+from decoder.model.positional import RoPE
+from decoder.training.config import PRESETS, TrainConfig, build_configs
 
 NAN, INF = math.nan, math.inf
 

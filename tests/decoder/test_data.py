@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from decoder import data
-from decoder.data import (
+from decoder.text import data
+from decoder.text.data import (
     SHAKESPEARE_FILENAME,
     TokenDataset,
     cache_dir,
@@ -18,7 +18,7 @@ from decoder.data import (
     load_text,
     token_dtype,
 )
-from decoder.tokenizer import CharTokenizer
+from decoder.text.tokenizer import CharTokenizer
 
 BODY = b"First Citizen:\nBefore we proceed any further, hear me speak.\n"
 BODY_SHA256 = hashlib.sha256(BODY).hexdigest()

@@ -1,10 +1,10 @@
-"""Data parallelism over MPI (decoder.dist), with 2 ranks launched by ``mpirun`` in a subprocess
-under a timeout: 2 ranks x b rows take the step of one process with 2b (gradients and new
-weights, float64, to 1e-10 of their scale: see RTOL), with accumulation and with ZeRO-1 too;
-ZeRO-1 keeps half the optimiser state per rank; a 2-rank run resumed by one process repeats a
-one-process run; a failing rank ends the job with its error instead of hanging. On the CuPy
-stand-in with two pretended GPUs, NCCL's path (and its host fallbacks) take the same steps,
-NCCL's without a device-to-host copy; real NCCL needs several GPUs and is not run here.
+"""Data parallelism over MPI (decoder.training.dist), with 2 ranks launched by ``mpirun`` in a
+subprocess under a timeout: 2 ranks x b rows take the step of one process with 2b (gradients and new
+weights, float64, to 1e-10 of their scale: see RTOL), with accumulation and with ZeRO-1 too; ZeRO-1
+keeps half the optimiser state per rank; a 2-rank run resumed by one process repeats a one-process
+run; a failing rank ends the job with its error instead of hanging. On the CuPy stand-in with two
+pretended GPUs, NCCL's path (and its host fallbacks) take the same steps, NCCL's without a
+device-to-host copy; real NCCL needs several GPUs and is not run here.
 
 Run as a script, this file is the ranks' side: ``mpirun -n 2 python test_ddp.py CASE OUT``.
 """
@@ -67,8 +67,8 @@ def launch(args: list[str], tmp_path: Path, ranks: int = 2) -> subprocess.Comple
 # ---- the ranks' side ----------------------------------------------------------------------------
 def _model_and_optimizer():
     import minigrad as mg
-    from decoder.config import ModelConfig
-    from decoder.model import Decoder
+    from decoder.model.config import ModelConfig
+    from decoder.model.model import Decoder
     from minigrad.optim import AdamW, param_groups_for_decay
 
     mg.manual_seed(0)
@@ -86,9 +86,9 @@ def _state_bytes(optimizer) -> int:
 def _steps_case(out: Path) -> None:
     """Three steps of: one process on 2B rows; 2 ranks x B rows (k = 1 and k = 2); ZeRO-1.
     Rank 0 saves every variant's gradients and weights, and the optimiser state's sizes."""
-    from decoder.config import TrainConfig
-    from decoder.dist import DataParallel
-    from decoder.step import train_step
+    from decoder.training.config import TrainConfig
+    from decoder.training.dist import DataParallel
+    from decoder.training.step import train_step
 
     dist = DataParallel.from_mpi()
     rng = np.random.default_rng(1)
@@ -131,7 +131,7 @@ def _steps_case(out: Path) -> None:
 
 def _fail_case(out: Path) -> None:
     """Rank 1 raises while rank 0 waits for it in a collective."""
-    from decoder.dist import DataParallel
+    from decoder.training.dist import DataParallel
 
     dist = DataParallel.from_mpi()
     with dist.abort_on_failure():
@@ -162,9 +162,9 @@ def _nccl_case(out: Path) -> None:
     spec.loader.exec_module(cupy)
     sys.modules.update(cupy.MODULES)
     cupy.cuda.runtime.getDeviceCount = lambda: 2
-    from decoder.config import TrainConfig
-    from decoder.dist import DataParallel
-    from decoder.step import train_step
+    from decoder.training.config import TrainConfig
+    from decoder.training.dist import DataParallel
+    from decoder.training.step import train_step
 
     dist = DataParallel.from_mpi()  # rank r takes GPU r
     cupy.cuda.nccl.mpi_comm = dist.comm
@@ -280,8 +280,8 @@ def test_a_flag_raised_on_one_rank_is_seen_on_every_rank(steps):
 @needs_mpi
 @pytest.mark.summation_order
 def test_nccl_on_two_pretended_gpus_takes_the_steps_of_one_process_without_host_copies(tmp_path):
-    """What runs here: decoder.dist's NCCL path on the CuPy stand-in, whose NCCL sums through
-    MPI. What does not: real NCCL on two real GPUs (this machine has none)."""
+    """What runs here: decoder.training.dist's NCCL path on the CuPy stand-in, whose NCCL sums
+    through MPI. What does not: real NCCL on two real GPUs (this machine has none)."""
     done = launch([__file__, "nccl", str(tmp_path)], tmp_path)
     assert done.returncode == 0, done.stderr
     with np.load(tmp_path / "nccl.npz") as f:
@@ -317,9 +317,9 @@ def make_text(n_lines: int = 300) -> str:
 @needs_mpi
 @pytest.mark.summation_order
 def test_a_two_rank_run_resumed_by_one_process_repeats_the_one_process_run(tmp_path, monkeypatch):
-    from decoder.checkpoint import load_checkpoint
-    from decoder.config import build_configs
-    from decoder.train import train
+    from decoder.training.checkpoint import load_checkpoint
+    from decoder.training.config import build_configs
+    from decoder.training.loop import train
 
     monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "cache"))
     (tmp_path / "text.txt").write_text(make_text())

@@ -1,4 +1,4 @@
-"""Beam search and speculative decoding (decoder/decoding.py).
+"""Beam search and speculative decoding (decoder/model/decoding.py).
 
 Beam search against an exhaustive search over every continuation of a tiny vocabulary, with
 and without its KV caches (reordered by beam); speculative decoding's greedy output against
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder import decoding
-from decoder.config import ModelConfig
-from decoder.decoding import accept_drafts, beam_search, speculative_decode
-from decoder.model import Decoder, sampling_probs
+from decoder.model import decoding
+from decoder.model.config import ModelConfig
+from decoder.model.decoding import accept_drafts, beam_search, sampling_probs, speculative_decode
+from decoder.model.model import Decoder
 
 V = 3
 
@@ -219,8 +219,8 @@ def test_speculative_decoding_needs_one_vocabulary():
 # ---- the command line ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from decoder.config import build_configs
-    from decoder.train import train
+    from decoder.training.config import build_configs
+    from decoder.training.loop import train
     from tests.decoder.test_train import TEXT
 
     run = tmp_path_factory.mktemp("run")
@@ -235,8 +235,8 @@ def run_dir(tmp_path_factory):
 
 
 def test_the_cli_runs_beam_search_to_the_stop_text(run_dir, capsys):
-    from decoder.checkpoint import load_model
     from decoder.generate import main
+    from decoder.training.checkpoint import load_model
 
     args = ["--checkpoint", str(run_dir), "--prompt", "the", "--max-new-tokens", "20"]
     assert main([*args, "--beam-width", "3", "--length-penalty", "0.5", "--stop", "t"]) == 0

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.chat import chat_tokenizer, encode_pair, pad_batch
-from decoder.config import ModelConfig
-from decoder.dpo import DPOObjective, dpo, main, sequence_logps
-from decoder.model import Decoder
-from decoder.tokenizer import CharTokenizer
-from decoder.train import read_log
+from decoder.dpo import main
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.post.chat import chat_tokenizer, encode_pair, pad_batch
+from decoder.post.dpo import DPOObjective, dpo, sequence_logps
+from decoder.text.tokenizer import CharTokenizer
+from decoder.training.log import read_log
 from tests.decoder.test_sft import SHORT, TEXT, make_base
 
 
@@ -63,7 +64,7 @@ def test_the_loss_starts_at_log_2_and_trains_only_the_policy():
 
 
 def test_resume_repeats_the_uninterrupted_run(base, tmp_path, monkeypatch):
-    monkeypatch.setattr("decoder.train.plot_losses", lambda *a, **k: None)  # seconds each
+    monkeypatch.setattr("decoder.training.loop.plot_losses", lambda *a, **k: None)  # seconds each
     kw = dict(n_examples=60, overrides={**SHORT, "batch_size": "4"}, text=TEXT, progress=False)
     whole = dpo(base, tmp_path / "whole", **kw)
     dpo(base, tmp_path / "split", until=4, **kw)
@@ -80,7 +81,7 @@ def test_resume_repeats_the_uninterrupted_run(base, tmp_path, monkeypatch):
 
 
 def test_dpo_after_sft_plots_its_numbers(base, tmp_path):
-    from decoder.sft import sft
+    from decoder.post.sft import sft
 
     kw = dict(n_examples=60, overrides={**SHORT, "max_iters": "2", "eval_interval": "2"},
               text=TEXT, progress=False)  # fmt: skip

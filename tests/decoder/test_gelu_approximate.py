@@ -14,11 +14,18 @@ import json
 import numpy as np
 import pytest
 
-from decoder import train as tr
-from decoder.checkpoint import CheckpointError, load_checkpoint, load_model, save_checkpoint
-from decoder.config import ModelConfig, build_configs
-from decoder.model import Decoder
-from decoder.tokenizer import CharTokenizer
+from decoder import cli
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.text.tokenizer import CharTokenizer
+from decoder.training import run as tr
+from decoder.training.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    load_model,
+    save_checkpoint,
+)
+from decoder.training.config import build_configs
 
 
 def _form(model: Decoder) -> str:
@@ -62,7 +69,7 @@ def test_the_field_is_checked(settings, match):
 
 
 def test_the_command_line_sets_it():
-    overrides = tr.parse_overrides(["--gelu-approximate", "tanh"])
+    overrides = cli.parse_overrides(["--gelu-approximate", "tanh"])
     assert overrides == {"gelu_approximate": "tanh"}
     model_cfg, _ = build_configs("shakespeare-char", overrides)
     assert model_cfg.gelu_approximate == "tanh"

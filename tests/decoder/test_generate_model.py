@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.config import ModelConfig
-from decoder.model import Decoder
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
 KV_HEADS = {"mha": 4, "gqa2": 2, "mqa": 1}  # 4 query heads: group ratios 1, 2 and 4

@@ -1,5 +1,5 @@
 """Mixed precision: softmax, cross-entropy and the norms accumulate in float32 whatever the
-input dtype; decoder.mixed_precision's loss scaling skips exactly an overflowing step and
+input dtype; decoder.training.mixed_precision's loss scaling skips exactly an overflowing step and
 recovers; a short float16 run ends within a small margin of float32's."""
 
 import json
@@ -9,11 +9,12 @@ import pytest
 
 import minigrad as mg
 import minigrad.functional as F
-from decoder.config import ModelConfig, TrainConfig, build_configs
-from decoder.mixed_precision import LossScaler
-from decoder.model import Decoder
-from decoder.step import train_step
-from decoder.train import train
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.training.config import TrainConfig, build_configs
+from decoder.training.loop import train
+from decoder.training.mixed_precision import LossScaler
+from decoder.training.step import train_step
 from minigrad.backend import to_numpy
 from minigrad.optim import AdamW, param_groups_for_decay
 

@@ -1,4 +1,4 @@
-"""Tests for multi-head latent attention (decoder/mla.py): against a PyTorch reference written
+"""Tests for multi-head latent attention (decoder/model/mla.py): against a PyTorch reference written
 here from DeepSeek-V2's equations (forward and backward), the absorbed form against the
 explicit one, the latent cache (what it holds; cached logits equal to a full forward),
 gradchecks, the cache's size per token, and the errors."""
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.config import ModelConfig
-from decoder.mla import MultiHeadLatentAttention, cache_floats_per_token
-from decoder.model import Decoder
+from decoder.model.config import ModelConfig
+from decoder.model.mla import MultiHeadLatentAttention, cache_floats_per_token
+from decoder.model.model import Decoder
 
 C, NH = 24, 3  # n_embd and n_head (head size 8)
 

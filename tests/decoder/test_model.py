@@ -1,4 +1,4 @@
-"""Tests of decoder.model and decoder.block: shapes, initialisation, causality, gradients of
+"""Tests of decoder.model and decoder.model.block: shapes, initialisation, causality, gradients of
 the whole model, weight tying, the parameter count, errors, sampling settings, and that a
 tiny model overfits one batch."""
 
@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.config import PRESETS, ModelConfig
-from decoder.model import Decoder, check_sampling, sample_token
-from decoder.positional import LearnedPositions
+from decoder.model.config import ModelConfig
+from decoder.model.decoding import check_sampling, sample_token
+from decoder.model.model import Decoder
+from decoder.model.positional import LearnedPositions
+from decoder.training.config import PRESETS
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
 

@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.config import ModelConfig
-from decoder.model import Decoder
-from decoder.positional import alibi_slopes, rope_tables, sinusoidal_table
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.model.positional import alibi_slopes, rope_tables, sinusoidal_table
 
 pytestmark = pytest.mark.oracle
 
 
 def torch_decoder(torch, config: ModelConfig):
-    """A PyTorch twin of decoder.model.Decoder for ``config`` (float64)."""
+    """A PyTorch twin of decoder.model.model.Decoder for ``config`` (float64)."""
     nn, F = torch.nn, torch.nn.functional
     C, nh, n_kv, hs = config.n_embd, config.n_head, config.n_kv_head, config.head_size
     # subtle: ours keeps the RoPE and sinusoidal tables in float32 (also in a .double() model),

@@ -1,4 +1,4 @@
-"""The mixture-of-experts feed-forward (decoder/moe.py) and its place in the model.
+"""The mixture-of-experts feed-forward (decoder/model/moe.py) and its place in the model.
 
 The layer against a dense PyTorch reference that runs every token through every expert and
 weights it by its routing (zero where it was not routed), forward and backward, in float64;
@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.config import ModelConfig, build_configs
-from decoder.model import Decoder
-from decoder.moe import MoE
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.model.moe import MoE
+from decoder.training.config import build_configs
 from tests.support.numerics import assert_close
 
 torch = pytest.importorskip("torch")
@@ -191,7 +192,8 @@ def test_config_refuses_top_k_above_the_experts():
 
 
 def test_training_logs_the_routing_plots_it_and_resumes_exactly(tmp_path, monkeypatch):
-    from decoder.train import PLOT, read_log, train
+    from decoder.training.log import PLOT, read_log
+    from decoder.training.loop import train
     from tests.decoder.test_train import TEXT
 
     monkeypatch.setenv("MINIGRAD_DATA_DIR", str(tmp_path / "cache"))
@@ -216,7 +218,7 @@ def test_training_logs_the_routing_plots_it_and_resumes_exactly(tmp_path, monkey
 def test_moe_on_the_cuda_stand_in_equals_the_cpu(rng, fake_cupy):
     """The CuPy stand-in refuses implicit host copies: the routing's one explicit copy (the
     experts' token counts, which size their matmuls) is the only one a layer makes."""
-    from decoder.step import train_step
+    from decoder.training.step import train_step
     from minigrad.optim import AdamW
 
     x = rng.integers(0, 11, (2, 8))
@@ -237,7 +239,7 @@ def test_moe_on_the_cuda_stand_in_equals_the_cpu(rng, fake_cupy):
 
 
 def test_the_run_reports_active_parameters_with_experts_only():
-    from decoder.train import parameters_text
+    from decoder.training.log import parameters_text
 
     moe = _tiny_moe()
     assert parameters_text(moe) == (

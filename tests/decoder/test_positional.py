@@ -1,11 +1,11 @@
-"""Tests for decoder/positional.py: the tables' known values, RoPE's relative-position
+"""Tests for decoder/model/positional.py: the tables' known values, RoPE's relative-position
 property and pairing convention, ALiBi's slopes, offsets and errors."""
 
 import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.positional import (
+from decoder.model.positional import (
     LearnedPositions,
     RoPE,
     SinusoidalPositions,

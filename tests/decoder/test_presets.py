@@ -1,15 +1,15 @@
-"""The architecture comparison's presets (decoder/config.py): each one, shrunk to tiny sizes,
-trains, resumes to the same losses as an uninterrupted run, and generates from its checkpoint;
-and each full-size preset has the choices of its column of the comparison table."""
+"""The architecture comparison's presets (decoder/training/config.py): each one, shrunk to tiny
+sizes, trains, resumes to the same losses as an uninterrupted run, and generates from its
+checkpoint; and each full-size preset has the choices of its column of the comparison table."""
 
 from __future__ import annotations
 
 import pytest
 
-from decoder.checkpoint import load_model
-from decoder.config import build_configs
-from decoder.model import Decoder
-from decoder.train import train
+from decoder.model.model import Decoder
+from decoder.training.checkpoint import load_model
+from decoder.training.config import build_configs
+from decoder.training.loop import train
 from tests.decoder.test_train import TEXT
 
 COMPARISON = ("gpt2", "gpt2-pre", "gpt3", "llama3", "mistral", "deepseek-v2", "granite")

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints (decoder/pretrained.py, decoder/hf_tokenizer.py), offline.
+"""Hugging Face checkpoints (decoder/hf/pretrained.py, decoder/hf/tokenizer.py), offline.
 
 Tiny random models are built with ``transformers`` from configs and saved to tmp_path: no
 weights are downloaded, and the hub is simulated. Tests that need ``transformers`` (or its
@@ -19,16 +19,13 @@ import pytest
 import minigrad as mg
 from decoder import finetune as finetune_cli
 from decoder import generate as generate_cli
-from decoder.config import ModelConfig, build_configs
-from decoder.hf_tokenizer import HFTokenizer
-from decoder.model import Decoder
-from decoder.pretrained import (
-    PretrainedError,
-    config_from_hf,
-    config_to_hf,
-    load_pretrained,
-    resolve_source,
-)
+from decoder.hf.config import PretrainedError, config_from_hf, config_to_hf
+from decoder.hf.pretrained import from_pretrained, load_pretrained, resolve_source, save_pretrained
+from decoder.hf.tokenizer import HFTokenizer
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.text.stream import stream_decode
+from decoder.training.config import build_configs
 from minigrad.nn.lora import apply_lora
 from minigrad.optim import AdamW
 from minigrad.serialization import open_safetensors, save_safetensors
@@ -139,7 +136,7 @@ def test_logits_and_greedy_generation_match_transformers(tf, tmp_path, kind, dty
         model.save_pretrained(tmp_path)
     with open_safetensors(tmp_path / "model.safetensors") as f:
         assert {f.dtype(n) for n in f} == {"BF16" if dtype == "bfloat16" else "F32"}
-    ours = Decoder.from_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
     ids = np.random.default_rng(0).integers(0, V, size=(2, 12))
     got, _ = ours(ids)
     np.testing.assert_allclose(got.data, hf_logits(model, ids), atol=2e-5, rtol=1e-5)
@@ -156,7 +153,7 @@ def test_float16_weights_load_as_float32(tf, tmp_path):
 
     model = hf_model(tf, "llama").to(torch.float16)
     model.save_pretrained(tmp_path)
-    ours = Decoder.from_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
     assert ours.tok_emb.weight.dtype == np.float32
     ids = np.arange(12)[None]
     np.testing.assert_allclose(ours(ids)[0].data, hf_logits(model.float(), ids), atol=2e-5)
@@ -167,9 +164,9 @@ def test_float16_weights_load_as_float32(tf, tmp_path):
 def test_a_model_we_save_loads_in_transformers(tf, tmp_path, kind):
     model = hf_model(tf, kind)
     model.save_pretrained(tmp_path / "theirs")
-    ours = Decoder.from_pretrained(tmp_path / "theirs")
+    ours = from_pretrained(tmp_path / "theirs")
     assert ours.config.tie_weights == model.config.tie_word_embeddings
-    ours.save_pretrained(tmp_path / "ours")
+    save_pretrained(ours, tmp_path / "ours")
     back = type(model).from_pretrained(tmp_path / "ours").eval()
     ids = np.arange(10)[None] % V
     np.testing.assert_allclose(hf_logits(back, ids), hf_logits(model, ids), atol=1e-6)
@@ -183,7 +180,7 @@ def test_our_own_llama_config_saves_and_loads(tf, tmp_path):
         pos="rope", norm="rms", ffn="swiglu",
     )  # fmt: skip
     ours = Decoder(config)
-    ours.save_pretrained(tmp_path)
+    save_pretrained(ours, tmp_path)
     theirs = tf.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(theirs).__name__ == "LlamaForCausalLM"
     ids = np.arange(16)[None] % V
@@ -195,7 +192,7 @@ def test_the_mistral_preset_saves_as_a_mistral_model(tf, tmp_path):
     """Every layer windowed: transformers' MistralForCausalLM, with the same band mask."""
     config, _ = build_configs("mistral", vocab_size=V, n_layer=2, n_embd=32, window=4)
     ours = Decoder(config)
-    ours.save_pretrained(tmp_path)
+    save_pretrained(ours, tmp_path)
     theirs = tf.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(theirs).__name__ == "MistralForCausalLM"
     assert theirs.config.sliding_window == 4
@@ -203,21 +200,21 @@ def test_the_mistral_preset_saves_as_a_mistral_model(tf, tmp_path):
     np.testing.assert_allclose(ours(ids)[0].data, hf_logits(theirs, ids), atol=2e-5)
     alternating = Decoder(dataclasses.replace(config, window_pattern="WF"))
     with pytest.raises(PretrainedError, match="cannot express.*window_pattern"):
-        alternating.save_pretrained(tmp_path / "alternating")
+        save_pretrained(alternating, tmp_path / "alternating")
 
 
 def test_save_refuses_what_the_format_cannot_express(tmp_path):
     alibi = Decoder(ModelConfig(vocab_size=11, n_layer=1, n_head=2, n_embd=8, pos="alibi"))
     with pytest.raises(PretrainedError, match="no Hugging Face architecture here has pos='alibi'"):
-        alibi.save_pretrained(tmp_path)
+        save_pretrained(alibi, tmp_path)
     gpt2_layout = dict(vocab_size=11, n_layer=1, n_head=2, n_embd=8, bias=True)
     eps = Decoder(ModelConfig(**gpt2_layout, parallel_block=True))
     with pytest.raises(PretrainedError, match="parallel_block=True"):
-        eps.save_pretrained(tmp_path)
+        save_pretrained(eps, tmp_path)
     lora = Decoder(ModelConfig(**gpt2_layout))
     apply_lora(lora, ("wq",), r=2)
     with pytest.raises(PretrainedError, match="merge it first"):
-        lora.save_pretrained(tmp_path)
+        save_pretrained(lora, tmp_path)
     assert not (tmp_path / "config.json").exists()
 
 
@@ -253,7 +250,7 @@ def test_a_gpt2_of_either_gelu_loads_with_that_gelu(tf, tmp_path, name, form):
         for block in model.transformer.h:
             _wide_gelu_inputs(block.mlp.c_fc.weight)
     model.save_pretrained(tmp_path)
-    ours = Decoder.from_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
     assert {b.ffn.act.approximate for b in ours.blocks} == {form}
     x = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
     with torch.no_grad():
@@ -274,20 +271,20 @@ def test_our_exact_gelu_model_saves_as_a_gpt2_with_exact_gelu(tf, tmp_path):
     assert config.gelu_approximate == "none"
     ours = Decoder(config)
     _wide_gelu_inputs(ours.blocks[0].ffn.w1.weight.data)
-    ours.save_pretrained(tmp_path)
+    save_pretrained(ours, tmp_path)
     theirs = tf.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert theirs.config.activation_function == "gelu"
     ids = np.arange(16)[None] % V
     # measured: 6e-8 apart with transformers' exact gelu, 8e-6 had it built gelu_new
     np.testing.assert_allclose(ours(ids)[0].data, hf_logits(theirs, ids), rtol=0, atol=1e-6)
-    back = Decoder.from_pretrained(tmp_path)
+    back = from_pretrained(tmp_path)
     assert back.config == config
 
 
 @pytest.mark.oracle
 def test_a_lora_step_runs_on_a_loaded_model(tf, tmp_path):
     hf_model(tf, "llama").save_pretrained(tmp_path)
-    model = Decoder.from_pretrained(tmp_path)
+    model = from_pretrained(tmp_path)
     base = model.blocks[0].attn.wq.weight.data.copy()
     apply_lora(model, ("wq", "wv"), r=2)
     model.train()
@@ -310,11 +307,11 @@ def test_sharded_weights_load_and_a_missing_shard_is_named(tf, tmp_path):
     assert len(shards) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
     ids = np.arange(6)[None]
     np.testing.assert_allclose(
-        Decoder.from_pretrained(tmp_path)(ids)[0].data, hf_logits(model, ids), atol=2e-5
+        from_pretrained(tmp_path)(ids)[0].data, hf_logits(model, ids), atol=2e-5
     )
     shards[-1].unlink()
     with pytest.raises(PretrainedError, match=f"lists the shards \\['{shards[-1].name}'\\]"):
-        Decoder.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
 
 
 @pytest.mark.oracle
@@ -325,7 +322,7 @@ def test_a_truncated_file_is_refused(tf, tmp_path):
     with pytest.raises(
         ValueError, match="model.safetensors is not a valid safetensors file.*trunc"
     ):
-        Decoder.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
 
 
 def write_model(tmp_path, config: dict, arrays: dict) -> None:
@@ -357,7 +354,7 @@ def test_the_hub_gpt2_layout_loads_with_conv1d_transposed_and_c_attn_split(tmp_p
     arrays = gpt2_arrays()
     arrays["h.0.attn.c_attn.weight"] = np.arange(12, dtype=np.float32).reshape(2, 6)
     write_model(tmp_path, GPT2_CONFIG, arrays)
-    attn = Decoder.from_pretrained(tmp_path).blocks[0].attn
+    attn = from_pretrained(tmp_path).blocks[0].attn
     # c_attn is x @ W with W (C, 3C) = [W_Q | W_K | W_V]; ours hold each as (out, in)
     np.testing.assert_array_equal(attn.wq.weight.data, [[0, 6], [1, 7]])
     np.testing.assert_array_equal(attn.wv.weight.data, [[4, 10], [5, 11]])
@@ -366,7 +363,7 @@ def test_the_hub_gpt2_layout_loads_with_conv1d_transposed_and_c_attn_split(tmp_p
 def test_gpt2_uses_tiktokens_gpt2_encoding_and_offline_says_what_to_download(
     tmp_path, monkeypatch, capsys
 ):
-    import decoder.tokenizer
+    import decoder.hf.pretrained
 
     write_model(tmp_path, GPT2_CONFIG, gpt2_arrays())
     names = []
@@ -377,13 +374,13 @@ def test_gpt2_uses_tiktokens_gpt2_encoding_and_offline_says_what_to_download(
         def __init__(self, name):
             names.append(name)
 
-    monkeypatch.setattr(decoder.tokenizer, "TiktokenTokenizer", FakeTiktoken)
+    monkeypatch.setattr(decoder.hf.pretrained, "TiktokenTokenizer", FakeTiktoken)
     assert isinstance(load_pretrained(tmp_path)[1], FakeTiktoken) and names == ["gpt2"]
 
     def offline(name):
         raise RuntimeError("could not download the files of tiktoken's 'gpt2' encoding")
 
-    monkeypatch.setattr(decoder.tokenizer, "TiktokenTokenizer", offline)
+    monkeypatch.setattr(decoder.hf.pretrained, "TiktokenTokenizer", offline)
     assert generate_cli.main(["--from-pretrained", str(tmp_path), "--max-new-tokens", "1"]) == 2
     assert "could not download the files of tiktoken's 'gpt2'" in capsys.readouterr().err
 
@@ -391,7 +388,7 @@ def test_gpt2_uses_tiktokens_gpt2_encoding_and_offline_says_what_to_download(
 def test_a_shape_that_does_not_match_the_config_is_refused(tmp_path):
     write_model(tmp_path, {**GPT2_CONFIG, "vocab_size": 6}, gpt2_arrays())
     with pytest.raises(PretrainedError, match=r"wte.weight has shape \(5, 2\).*makes it \(6, 2\)"):
-        Decoder.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
 
 
 def test_missing_and_unexpected_tensors_are_named(tmp_path):
@@ -400,7 +397,7 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
     arrays["extra.weight"] = np.ones(1, dtype=np.float32)
     write_model(tmp_path, GPT2_CONFIG, arrays)
     with pytest.raises(PretrainedError, match=r"missing \['ln_f.bias'\], unexpected \['extra"):
-        Decoder.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -466,12 +463,12 @@ def test_llama_family_config_translation():
 def test_block_size_crops_the_context(tf, tmp_path):
     model = hf_model(tf, "gpt2")
     model.save_pretrained(tmp_path)
-    ours = Decoder.from_pretrained(tmp_path, block_size=16)
+    ours = from_pretrained(tmp_path, block_size=16)
     assert ours.config.block_size == 16 and ours.pos_emb.weight.shape == (16, 16)
     ids = np.arange(16)[None]
     np.testing.assert_allclose(ours(ids)[0].data, hf_logits(model, ids), atol=2e-5)
     with pytest.raises(PretrainedError, match="block_size=65: .* at most 64 tokens"):
-        Decoder.from_pretrained(tmp_path, block_size=65)
+        from_pretrained(tmp_path, block_size=65)
 
 
 # The config.json files of released models (as their hub repositories hold them).
@@ -554,7 +551,7 @@ def test_a_hub_name_is_downloaded_through_huggingface_hub(monkeypatch, tmp_path)
     monkeypatch.setitem(
         sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=download)
     )
-    model = Decoder.from_pretrained("openai-community/gpt2")
+    model = from_pretrained("openai-community/gpt2")
     assert calls[0][0] == "openai-community/gpt2" and "config.json" in calls[0][1]
     assert model.config.n_embd == 2
 
@@ -624,7 +621,7 @@ def test_sentencepiece_style_tokenizer_json_with_byte_fallback(tmp_path, style):
     assert ours.encode(text, allowed_special="all") == reference.encode(text).ids
     # streamed one token at a time, the spaces stay (each "▁word" decodes after its neighbour)
     ids = ours.encode("the cat the hat")
-    pieces = list(generate_cli.stream_decode(ours, ids[1:], context=ids[:1]))
+    pieces = list(stream_decode(ours, ids[1:], context=ids[:1]))
     assert ours.decode(ids[:1]) + "".join(pieces) == "the cat the hat"
 
 

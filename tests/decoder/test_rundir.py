@@ -1,4 +1,5 @@
-"""decoder.rundir: one run per directory, no run replaced by accident, failed starts cleaned."""
+"""decoder.training.rundir: one run per directory, no run replaced by accident, failed starts
+cleaned."""
 
 import json
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from decoder.rundir import LOCK, RunDirError, claim_dir
+from decoder.training.rundir import LOCK, RunDirError, claim_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUTS, RESULT = ("result.txt", "ckpt-*"), "result.txt"
@@ -36,7 +37,7 @@ def test_a_killed_holder_leaves_no_lock(tmp_path):
     run = tmp_path / "run"
     holder = (
         "import os, signal, sys\n"
-        "from decoder.rundir import claim_dir\n"
+        "from decoder.training.rundir import claim_dir\n"
         "with claim_dir(sys.argv[1], ('x',), 'x'):\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )

@@ -1,11 +1,11 @@
-"""The rewrite of tiktoken's Rust-regex split patterns for Python's re (decoder/rust_regex.py);
+"""The rewrite of tiktoken's Rust-regex split patterns for Python's re (decoder/text/rust_regex.py);
 tests/decoder/test_tokenizer.py checks the resulting splits against tiktoken itself."""
 
 import re
 
 import pytest
 
-from decoder.rust_regex import to_python_pattern
+from decoder.text.rust_regex import to_python_pattern
 
 
 def test_python_pattern_classes_follow_unicode():

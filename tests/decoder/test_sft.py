@@ -9,18 +9,17 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.chat import (
+from decoder.model.config import ModelConfig
+from decoder.model.model import IGNORE_INDEX, Decoder
+from decoder.post.chat import (
     CHAT_TOKENS,
     END,
-    IGNORE_INDEX,
     add_chat_tokens,
     chat_tokenizer,
     encode_pair,
     pad_batch,
 )
-from decoder.checkpoint import save_checkpoint
-from decoder.config import ModelConfig, TrainConfig
-from decoder.instruct_data import (
+from decoder.post.instruct_data import (
     ChatDataset,
     generated,
     make_instructions,
@@ -28,11 +27,14 @@ from decoder.instruct_data import (
     read_jsonl,
     speeches,
 )
-from decoder.model import Decoder
-from decoder.sft import main, sft
-from decoder.step import lm_loss
-from decoder.tokenizer import BPETokenizer, CharTokenizer, tokenizer_from_dict
-from decoder.train import read_log
+from decoder.post.sft import sft
+from decoder.sft import main
+from decoder.text.bpe import BPETokenizer
+from decoder.text.tokenizer import CharTokenizer, tokenizer_from_dict
+from decoder.training.checkpoint import save_checkpoint
+from decoder.training.config import TrainConfig
+from decoder.training.log import read_log
+from decoder.training.step import lm_loss
 from tests.support.numerics import assert_close
 
 SPEAKERS = ("ROMEO", "JULIET", "NURSE", "TYBALT")
@@ -271,7 +273,7 @@ def test_vocabulary_errors_name_the_example():
 
 # ---- the run ------------------------------------------------------------------------------------
 def test_resume_repeats_the_uninterrupted_run(base, tmp_path, monkeypatch):
-    monkeypatch.setattr("decoder.train.plot_losses", lambda *a, **k: None)  # seconds each
+    monkeypatch.setattr("decoder.training.loop.plot_losses", lambda *a, **k: None)  # seconds each
     kw = dict(n_examples=120, overrides={**SHORT, "batch_size": "4"}, text=TEXT, progress=False)
     whole = sft(base, tmp_path / "whole", **kw)
     sft(base, tmp_path / "split", until=4, **kw)
@@ -292,7 +294,7 @@ def test_lora_trains_adapters_and_the_embedding(base, tmp_path):
     )  # fmt: skip
     assert out["step"] == 2
     assert (tmp_path / "lora" / "loss.png").stat().st_size > 0
-    from decoder.posttrain import load_post_model
+    from decoder.post.posttrain import load_post_model
 
     model, tok, _ = load_post_model(tmp_path / "lora")  # merged back into a plain Decoder
     assert model.config.vocab_size == tok.vocab_size == CharTokenizer.from_text(TEXT).vocab_size + 3

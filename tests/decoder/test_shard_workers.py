@@ -1,8 +1,8 @@
-"""The shard workers (decoder.shards): a worker's error or death reaches the trainer as a clear
-RuntimeError, not a hang; an error in the trainer's own shard (Ctrl-C included) stops the
-workers; after any of these the next step starts new workers and takes the right step; the
-workers follow the model between steps (a parameter's array replaced, a parameter frozen, a
-LoRA applied, train/eval mode); their memory is reported while they run; one shard starts none.
+"""The shard workers (decoder.training.shards): a worker's error or death reaches the trainer as a
+clear RuntimeError, not a hang; an error in the trainer's own shard (Ctrl-C included) stops the
+workers; after any of these the next step starts new workers and takes the right step; the workers
+follow the model between steps (a parameter's array replaced, a parameter frozen, a LoRA applied,
+train/eval mode); their memory is reported while they run; one shard starts none.
 
 "The right step" is the unsharded step's gradients on the same weights, in float64 to 1e-12.
 A fault is put in one process only with a loss that checks ``os.getpid()`` against the
@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder import shards as shards_module
-from decoder import step as step_module
-from decoder.config import ModelConfig, TrainConfig
-from decoder.model import Decoder
-from decoder.step import lm_loss, train_step
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.training import shards as shards_module
+from decoder.training import step as step_module
+from decoder.training.config import TrainConfig
+from decoder.training.step import lm_loss, train_step
 from minigrad.nn.lora import apply_lora
 from minigrad.optim import SGD
 from tests.decoder.shard_fixtures import no_workers_left, sharding  # noqa: F401 (autouse)

@@ -1,10 +1,10 @@
-"""CPU training in row shards (decoder.step): a micro-batch run as ``TrainConfig.shards`` row
-shards, shard 0 here and the others in worker processes (decoder.shards), takes the step the
-unsharded micro-batch takes, up to float rounding (the sums run in another order), on every
-run the same to the bit, and the same bits where the shards run one after another here (fewer
-cores than shards, or no fork); ``shard_count`` falls back to one shard wherever sharding could
-change a number; a step that raises leaves the workers as they were and the BLAS with its own
-thread count. The worker processes' own failures are tests/decoder/test_shard_workers.py's.
+"""CPU training in row shards (decoder.training.step): a micro-batch run as ``TrainConfig.shards``
+row shards, shard 0 here and the others in worker processes (decoder.training.shards), takes the
+step the unsharded micro-batch takes, up to float rounding (the sums run in another order), on every
+run the same to the bit, and the same bits where the shards run one after another here (fewer cores
+than shards, or no fork); ``shard_count`` falls back to one shard wherever sharding could change a
+number; a step that raises leaves the workers as they were and the BLAS with its own thread count.
+The worker processes' own failures are tests/decoder/test_shard_workers.py's.
 
 The comparisons use SGD in float32 (a step linear in the gradients, so rounding stays rounding)
 and AdamW in float64 (Adam divides by the gradients' size: a float32 rounding flip in a
@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder import shards as shards_module
-from decoder import step as step_module
-from decoder.chat import IGNORE_INDEX
-from decoder.config import ModelConfig, TrainConfig, build_configs
-from decoder.mixed_precision import LossScaler
-from decoder.model import Decoder
-from decoder.step import TrainingDiverged, lm_loss, shard_count, train_step
-from decoder.train import parse_overrides
+from decoder.cli import parse_overrides
+from decoder.model.config import ModelConfig
+from decoder.model.model import IGNORE_INDEX, Decoder
+from decoder.training import shards as shards_module
+from decoder.training import step as step_module
+from decoder.training.config import TrainConfig, build_configs
+from decoder.training.mixed_precision import LossScaler
+from decoder.training.step import TrainingDiverged, lm_loss, shard_count, train_step
 from minigrad import backend
 from minigrad.nn import Dropout
 from minigrad.optim import SGD, AdamW, param_groups_for_decay

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.attention import CausalSelfAttention, KVCache
-from decoder.config import ModelConfig
-from decoder.model import Decoder
-from decoder.positional import RoPE
+from decoder.model.attention import CausalSelfAttention, KVCache
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.model.positional import RoPE
 
 
 def config(**kw) -> ModelConfig:

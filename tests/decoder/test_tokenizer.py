@@ -12,16 +12,18 @@ import tiktoken.registry
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder.tokenizer import (
+from decoder.text.bpe import (
     ENDOFTEXT,
     GPT2_SPLIT_PATTERN,
     GPT4_SPLIT_PATTERN,
-    TIKTOKEN_FILES,
     BPETokenizer,
+    split_text,
+)
+from decoder.text.tokenizer import (
+    TIKTOKEN_FILES,
     CharTokenizer,
     TiktokenTokenizer,
     get_tokenizer,
-    split_text,
     tokenizer_from_dict,
 )
 

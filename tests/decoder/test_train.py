@@ -1,5 +1,5 @@
-"""decoder.train: exact resume, NaN handling, logs, the run directory, the sample, and the
-checks made when resuming."""
+"""decoder.training.loop.train: exact resume, NaN handling, logs, the run directory, the sample, and
+the checks made when resuming."""
 
 import dataclasses
 import json
@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-import decoder.train as tr
-from decoder.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from decoder.config import build_configs
-from decoder.data import TokenDataset
-from decoder.rundir import RunDirError, claim_dir
-from decoder.step import estimate_loss
-from decoder.train import TrainingDiverged, train
+import decoder.training.run as tr
+from decoder.cli import parse_overrides
+from decoder.text.data import TokenDataset
+from decoder.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from decoder.training.config import build_configs
+from decoder.training.log import plot_losses, read_log
+from decoder.training.loop import train
+from decoder.training.rundir import RunDirError, claim_dir
+from decoder.training.step import TrainingDiverged, estimate_loss
 
 
 def make_text(seed: int = 0, n_words: int = 1500) -> str:
@@ -117,11 +119,11 @@ def test_resume_refuses_another_model_or_other_text(tmp_path):
 
 
 def test_parse_overrides():
-    assert tr.parse_overrides(["--lr=1e-3", "--max-iters", "5"]) == {"lr": "1e-3", "max_iters": "5"}
+    assert parse_overrides(["--lr=1e-3", "--max-iters", "5"]) == {"lr": "1e-3", "max_iters": "5"}
     with pytest.raises(ValueError, match="--lr needs a value"):
-        tr.parse_overrides(["--lr"])
+        parse_overrides(["--lr"])
     with pytest.raises(ValueError, match="unexpected argument 'oops'"):
-        tr.parse_overrides(["oops"])
+        parse_overrides(["oops"])
 
 
 # ---- the run directory --------------------------------------------------------------------------
@@ -197,7 +199,7 @@ def test_a_torn_last_log_line_is_dropped_on_resume(tmp_path):
 def test_a_damaged_log_line_is_an_error_naming_the_file_and_line(tmp_path):
     (tmp_path / "log.jsonl").write_text('{"step": 0}\n{"step": 4, oops}\n{"step": 8}\n')
     with pytest.raises(ValueError, match=r"log.jsonl, line 2: not a log row"):
-        tr.read_log(tmp_path)
+        read_log(tmp_path)
 
 
 def test_the_log_never_claims_a_step_whose_checkpoint_failed(tmp_path, monkeypatch):
@@ -225,7 +227,7 @@ def test_a_full_disk_while_plotting_leaves_no_temporary_file(tmp_path, monkeypat
     monkeypatch.setattr(Figure, "savefig", savefig)
     (tmp_path / "log.jsonl").write_text('{"step": 0, "train_loss": 4.0, "val_loss": 4.1}\n')
     with pytest.raises(OSError, match="No space left"):
-        tr.plot_losses(tmp_path)
+        plot_losses(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]
 
 

@@ -1,4 +1,4 @@
-"""Tests for RoPE scaling (decoder/positional.py): linear position interpolation, NTK-aware
+"""Tests for RoPE scaling (decoder/model/positional.py): linear position interpolation, NTK-aware
 base change and YaRN, against references written here from the papers one pair at a time;
 the temperature; the model built with each; gradchecks; and the errors."""
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from decoder.attention import CausalSelfAttention
-from decoder.config import ModelConfig
-from decoder.model import Decoder
-from decoder.positional import RoPE, rope_frequencies, rope_tables
+from decoder.model.attention import CausalSelfAttention
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.model.positional import RoPE, rope_frequencies, rope_tables
 
 
 def paper_frequencies(head_size, base, scaling, s, L):

@@ -31,12 +31,12 @@ from solutions import (
 )
 
 import minigrad as mg
-from decoder.chat import pad_batch
-from decoder.config import TrainConfig
-from decoder.positional import RoPE, rope_frequencies
-from decoder.pretrained import to_ours
-from decoder.step import train_step
-from decoder.tokenizer import BPETokenizer, merge_pair, split_text
+from decoder.hf.pretrained import to_ours
+from decoder.model.positional import RoPE, rope_frequencies
+from decoder.post.chat import pad_batch
+from decoder.text.bpe import BPETokenizer, merge_pair, split_text
+from decoder.training.config import TrainConfig
+from decoder.training.step import train_step
 from minigrad import autograd
 from minigrad import functional as F
 from minigrad.backend import xp_of
@@ -244,7 +244,7 @@ def count_parameters_no_final_norm(config):
 
 
 def count_parameters_by_building(config):
-    from decoder.model import Decoder
+    from decoder.model.model import Decoder
 
     return Decoder(config).num_parameters()
 
@@ -589,7 +589,7 @@ def kv_bytes_mla_without_rotary_key(config, dtype_bytes=4):
 
 
 def kv_bytes_library(config, dtype_bytes=4):
-    from decoder.mla import cache_floats_per_token
+    from decoder.model.mla import cache_floats_per_token
 
     return cache_floats_per_token(config) * dtype_bytes
 
@@ -627,7 +627,7 @@ def greedy_accept_every_match(drafts, target_choices):
 
 
 def greedy_accept_library(drafts, target_choices):
-    from decoder.decoding import accept_drafts
+    from decoder.model.decoding import accept_drafts
 
     p, q = np.eye(10)[target_choices], np.eye(10)[drafts]
     return accept_drafts(p, q, list(drafts), np.random.default_rng(0))

@@ -17,11 +17,11 @@ import pytest
 
 import minigrad as mg
 import minigrad.functional as F
-from decoder.checkpoint import load_checkpoint
-from decoder.config import PRESETS, build_configs
-from decoder.model import Decoder
-from decoder.step import train_step
-from decoder.train import train
+from decoder.model.model import Decoder
+from decoder.training.checkpoint import load_checkpoint
+from decoder.training.config import PRESETS, build_configs
+from decoder.training.loop import train
+from decoder.training.step import train_step
 from minigrad.nn.lora import apply_lora, lora_state_dict, merge_lora
 from minigrad.optim import AdamW
 from tests.support.numerics import assert_close
@@ -93,8 +93,8 @@ def assert_same_weights(cuda_dir, cpu_dir, exact: bool = False):
 @pytest.mark.summation_order
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_training_on_cuda_equals_cpu(preset, tmp_path, fake_cupy):
-    # the CPU's row shards (decoder/shards.py) sum in another order: compare with one shard,
-    # as the device runs (sharding against one shard is tests/decoder/test_shards.py's)
+    # the CPU's row shards (decoder/training/shards.py) sum in another order: compare with one
+    # shard, as the device runs (sharding against one shard is tests/decoder/test_shards.py's)
     cpu = run(preset, "cpu", tmp_path / "cpu", shards=1)
     cuda = run(preset, "cuda", tmp_path / "cuda")
     # two float32 steps: the losses agree to rounding amplified by one update (rtol 1e-5)
@@ -152,7 +152,7 @@ def test_generation_on_cuda_equals_cpu(use_cache, fake_cupy):
 
 @pytest.mark.summation_order
 def test_lora_fine_tuning_and_merge_on_cuda_equal_cpu(tmp_path, fake_cupy):
-    from decoder.finetune import finetune
+    from decoder.post.lora import finetune
 
     run("tiny", "cpu", tmp_path / "base")
     results = {}

@@ -28,8 +28,6 @@ noisy top-k gating, DeepSeek's device-limited routing.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 import minigrad as mg
@@ -113,16 +111,3 @@ class MoE(Module):
         """
         inactive = len(self.experts) - self.top_k
         return self.num_parameters() - inactive * self.experts[0].num_parameters()
-
-
-def expert_postfix(stats: dict[str, Any] | None) -> dict[str, str]:
-    """The progress bar's entries for routing ``stats`` (``Decoder.router_stats``): each
-    expert's share of the routed tokens in percent, and the weighted aux loss; none for None.
-
-    >>> expert_postfix({"aux_loss": 0.0101, "expert_share": [0.5, 0.25, 0.25, 0.0]})
-    {'experts': '50/25/25/0%', 'aux': '0.0101'}
-    """
-    if stats is None:
-        return {}
-    shares = "/".join(f"{100 * share:.0f}" for share in stats["expert_share"])
-    return {"experts": f"{shares}%", "aux": f"{stats['aux_loss']:.4f}"}

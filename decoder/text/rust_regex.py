@@ -1,6 +1,6 @@
 """Rewriting tiktoken's split patterns, written for Rust's ``regex`` crate, for Python's ``re``.
 
-GPT-2's and GPT-4's split patterns (decoder/tokenizer.py) use ``\\p{L}`` (letters) and
+GPT-2's and GPT-4's split patterns (decoder/text/tokenizer.py) use ``\\p{L}`` (letters) and
 ``\\p{N}`` (numbers), which Python's ``re`` lacks, and possessive quantifiers (``++``), which
 ``re`` lacks before 3.11. ``to_python_pattern`` rewrites such a pattern for ``re``: each
 ``\\p{..}`` becomes an explicit character class built from ``unicodedata``, ``\\s`` becomes

@@ -4,12 +4,12 @@
     mpirun -n 2 python -m decoder.train --ddp --zero --preset tiny   # AdamW's moments sharded
 
 Every rank holds the whole model, starts from the same seed (so the same weights), and runs
-``decoder.step.train_step`` on its own rows of each step's batch. After the last micro-batch's
-backward pass, ``average_gradients`` packs every gradient, a has-a-gradient flag per parameter
-and the loss into one flat buffer and sums it over the ranks with a single ``Allreduce``;
-divided by the number of ranks, that is the gradient of the mean loss over all the ranks' rows,
-so N ranks of b rows take the step one process takes with N * b rows. Clipping then runs on
-identical numbers everywhere, and every rank takes the same optimiser step.
+``decoder.training.step.train_step`` on its own rows of each step's batch. After the last
+micro-batch's backward pass, ``average_gradients`` packs every gradient, a has-a-gradient flag per
+parameter and the loss into one flat buffer and sums it over the ranks with a single ``Allreduce``;
+divided by the number of ranks, that is the gradient of the mean loss over all the ranks' rows, so N
+ranks of b rows take the step one process takes with N * b rows. Clipping then runs on identical
+numbers everywhere, and every rank takes the same optimiser step.
 
 With ``zero=True`` (ZeRO stage 1, Rajbhandari et al. 2020) the optimiser's step is sharded:
 the parameters, flattened and padded to a multiple of N, are cut into N equal slices; each

@@ -1,29 +1,29 @@
 """One optimiser step and one evaluation: the two pieces every trainer repeats.
 
-``train_step`` is forward, loss, divergence check, backward, gradient clipping and the
-optimiser's step on one batch; ``estimate_loss`` scores fixed batches of each split in eval
-mode. decoder.train (pre-training) and decoder.finetune (LoRA) both call them, and so should
-any later trainer, so that a step means the same thing, and fails the same way, everywhere.
-A trainer whose loss is not the model's cross-entropy passes its own ``loss_fn`` to both
-(decoder.dpo: the DPO loss of a policy against a frozen reference).
+``train_step`` is forward, loss, divergence check, backward, gradient clipping and the optimiser's
+step on one batch; ``estimate_loss`` scores fixed batches of each split in eval mode.
+decoder.training.loop (pre-training) and decoder.post.lora (LoRA) both call them, and so should any
+later trainer, so that a step means the same thing, and fails the same way, everywhere. A trainer
+whose loss is not the model's cross-entropy passes its own ``loss_fn`` to both (decoder.post.dpo:
+the DPO loss of a policy against a frozen reference).
 
-A step may accumulate: its batch is split into ``cfg.grad_accum_steps`` equal micro-batches,
-each loss scaled by 1/k before its backward pass, so the summed gradients are those of the
-whole batch's mean loss while only one micro-batch's activations are alive at a time. Under
-data parallelism (decoder.dist) the gradients are averaged over the ranks once, after the last
-micro-batch, and before clipping, so every rank clips and steps on the same numbers. In mixed
-precision (decoder.mixed_precision) the passes run in float16 with a scaled loss, and a step
-whose gradients overflowed is skipped.
+A step may accumulate: its batch is split into ``cfg.grad_accum_steps`` equal micro-batches, each
+loss scaled by 1/k before its backward pass, so the summed gradients are those of the whole batch's
+mean loss while only one micro-batch's activations are alive at a time. Under data parallelism
+(decoder.training.dist) the gradients are averaged over the ranks once, after the last micro-batch,
+and before clipping, so every rank clips and steps on the same numbers. In mixed precision
+(decoder.training.mixed_precision) the passes run in float16 with a scaled loss, and a step whose
+gradients overflowed is skipped.
 
-On the CPU a micro-batch runs as ``cfg.shards`` shards of its rows, shard 0 here and each
-other one in a worker process with the same model (decoder/shards.py; ``shard_count`` says
-when), each on one core with a one-thread BLAS: every part of the step then runs on every
-core, where a multi-threaded BLAS parallelises only the matrix products, a bit over half of
-a step at shakespeare-char's size. Each shard's mean loss is weighted by its share of the
-targets, so the gradients are the micro-batch's mean loss's, as in accumulation (equal to
-the unsharded ones up to float rounding: the sums run in another order), and they are added
-into ``.grad`` in shard order: the same numbers on every run, and with fewer cores than
-shards (the shards then run one after another here).
+On the CPU a micro-batch runs as ``cfg.shards`` shards of its rows, shard 0 here and each other one
+in a worker process with the same model (decoder/training/shards.py; ``shard_count`` says when),
+each on one core with a one-thread BLAS: every part of the step then runs on every core, where a
+multi-threaded BLAS parallelises only the matrix products, a bit over half of a step at
+shakespeare-char's size. Each shard's mean loss is weighted by its share of the targets, so the
+gradients are the micro-batch's mean loss's, as in accumulation (equal to the unsharded ones up to
+float rounding: the sums run in another order), and they are added into ``.grad`` in shard order:
+the same numbers on every run, and with fewer cores than shards (the shards then run one after
+another here).
 
 Left out on purpose: choosing the batch and the learning rate (each trainer has its own
 generator and schedule: minigrad.optim.set_lr).
@@ -40,18 +40,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import minigrad as mg
-from decoder.chat import IGNORE_INDEX
-from decoder.config import TrainConfig
-from decoder.data import TokenDataset
-from decoder.mixed_precision import LossScaler
-from decoder.model import Decoder
-from decoder.shards import fork_available, shard_pass, workers_for
+from decoder.model.model import IGNORE_INDEX, Decoder
+from decoder.text.data import TokenDataset
+from decoder.training.config import TrainConfig
+from decoder.training.mixed_precision import LossScaler
+from decoder.training.shards import fork_available, shard_pass, workers_for
 from minigrad.backend import blas_threads_settable, cpu_count
 from minigrad.nn import Dropout
 from minigrad.optim import Optimizer, clip_grad_norm_
 
-if TYPE_CHECKING:  # decoder.dist imports mpi4py only when a run asks for it
-    from decoder.dist import DataParallel
+if TYPE_CHECKING:  # decoder.training.dist imports mpi4py only when a run asks for it
+    from decoder.training.dist import DataParallel
 
 SPLITS = ("train", "val")
 
@@ -62,7 +61,7 @@ class TrainingDiverged(RuntimeError):
 
 def lm_loss(model: Decoder, x: np.ndarray, y: np.ndarray) -> mg.Tensor:
     """The language-model loss: the model's mean cross-entropy of targets ``y`` given ``x``
-    (targets of -100 are left out, as the prompts of decoder.sft's turns)."""
+    (targets of -100 are left out, as the prompts of decoder.post.sft's turns)."""
     return model(x, y)[1]
 
 
@@ -163,7 +162,7 @@ def shard_count(
     experts' router statistics), whose shards would draw other numbers, and when a
     shard would have no target to average over.
 
-    >>> from decoder.config import ModelConfig
+    >>> from decoder.model.config import ModelConfig
     >>> model, cfg = Decoder(ModelConfig(n_layer=1, n_head=2, n_embd=8)), TrainConfig(shards=2)
     >>> n = shard_count(model, cfg, np.zeros((4, 8), dtype=np.int64))
     >>> n == (2 if blas_threads_settable() else 1)
@@ -185,7 +184,7 @@ def shard_count(
 
 def _sharded_pass(model: Decoder, x: np.ndarray, y: np.ndarray, n: int, scale: float) -> float:
     """Forward and backward of one micro-batch as ``n`` row shards, in worker processes
-    (decoder/shards.py) where there are enough cores, else one after another here; adds
+    (decoder/training/shards.py) where there are enough cores, else one after another here; adds
     ``scale`` times its gradients into ``.grad`` and returns its mean loss."""
     xs, ys = np.array_split(x, n), np.array_split(y, n)  # (B, T) -> n x (about B / n, T)
     counts = [int((shard != IGNORE_INDEX).sum()) for shard in ys]  # each shard's mean is over

@@ -4,15 +4,15 @@ A Hugging Face model directory holds ``config.json`` (the architecture and its s
 weights, as ``model.safetensors`` or as shards listed in ``model.safetensors.index.json``.
 Loading takes three explicit steps, each refusing what it cannot honour by name:
 
-1. ``config_from_hf``: ``config.json`` -> ``ModelConfig``. Every field is translated, checked
-   against the one value we implement, or listed as not changing the outputs
-   (``IGNORED_FIELDS``: token ids, init scale, caching switches). Any other field is an
-   error naming it: a model is never built with a setting silently dropped.
+1. ``config_from_hf`` (decoder/hf/config.py): ``config.json`` -> ``ModelConfig``. Every
+   field is translated, checked against the one value we implement, or listed as not
+   changing the outputs (``IGNORED_FIELDS``: token ids, init scale, caching switches). Any
+   other field is an error naming it: a model is never built with a setting silently dropped.
 2. The name map, one readable table per family (``GPT2_NAMES``, ``LLAMA_NAMES``): our
    parameter, theirs, and how the layout differs. GPT-2 is written with ``Conv1D`` layers,
    which store W as (in, out), the transpose of a Linear's (out, in), and fuses W_Q, W_K,
    W_V into one ``c_attn`` of 3 C outputs. The Llama family (Mistral, Qwen2) uses Linear
-   layers with our layout, and rotate-half RoPE as ours (decoder/positional.py).
+   layers with our layout, and rotate-half RoPE as ours (decoder/model/positional.py).
 3. The weights are read through a memory map (``minigrad.serialization.open_safetensors``)
    and copied one tensor at a time into the model, converted to float32 (bfloat16 by its
    bits), so the process never holds the file's weights and the model's at once. Measured
@@ -25,13 +25,11 @@ Loading takes three explicit steps, each refusing what it cannot honour by name:
 through ``huggingface_hub`` (the optional extra ``hub``), with an offline error that says
 what to download and where. The tokenizer comes with the model (``load_pretrained``):
 tiktoken's ``gpt2`` for GPT-2, the ``tokenizer.json`` beside the weights for the Llama
-family (decoder/hf_tokenizer.py).
+family (decoder/hf/tokenizer.py).
 
-Mistral's ``sliding_window`` becomes our ``window`` on every layer, and Qwen2's per-layer
-``layer_types`` (or its older ``max_window_layers``) our ``window_pattern``; a Llama-layout
-model windowed on every layer saves as a MistralForCausalLM. Left out on
-purpose: RoPE scaling (linear, NTK, YaRN, Llama 3's), quantised weights, and the other
-architectures.
+Sliding windows (Mistral's, Qwen2's) are translated with the config (decoder/hf/config.py).
+Left out on purpose: RoPE scaling (linear, NTK, YaRN, Llama 3's), quantised weights, and the
+other architectures.
 Follows the layouts of Hugging Face transformers' ``modeling_gpt2.py`` and
 ``modeling_llama.py``, and picoGPT's GPT-2 loader.
 """
@@ -43,14 +41,15 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from decoder.config import ModelConfig
-from decoder.model import Decoder
+from decoder.hf.config import PretrainedError, config_from_hf, config_to_hf
+from decoder.hf.tokenizer import HFTokenizer
+from decoder.model.model import Decoder
+from decoder.text.tokenizer import TiktokenTokenizer
 from minigrad.backend import to_numpy
 from minigrad.fileio import atomic_write
 from minigrad.serialization import SafetensorsFile, open_safetensors, save_safetensors
@@ -59,33 +58,9 @@ CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.
 TOKENIZER_JSON = "tokenizer.json"
 HF_FILES = (CONFIG, WEIGHTS, TOKENIZER_JSON)  # what save_pretrained (and a merge) writes
 HUB_FILES = [CONFIG, WEIGHTS, INDEX, "model-*.safetensors", TOKENIZER_JSON]
-# architecture -> (family, model_type) for the ones we load and save
-ARCHITECTURES = {
-    "GPT2LMHeadModel": ("gpt2", "gpt2"),
-    "LlamaForCausalLM": ("llama", "llama"),
-    "MistralForCausalLM": ("llama", "mistral"),
-    "Qwen2ForCausalLM": ("llama", "qwen2"),
-}
-# Fields that do not change a causal LM's outputs: token ids, init, output switches, metadata.
-IGNORED_FIELDS = {
-    "architectures", "model_type", "transformers_version", "_name_or_path", "dtype",
-    "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
-    "use_cache", "output_attentions", "output_hidden_states", "return_dict", "id2label",
-    "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
-    "task_specific_params", "tokenizer_class", "n_ctx", "pretraining_tp",
-    # GPT-2's sequence-classification head (GPT2DoubleHeadsModel), absent from GPT2LMHeadModel
-    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-    "summary_first_dropout",
-    # GPT-2: an fp16 overflow guard (the same math)
-    "reorder_and_upcast_attn",
-}  # fmt: skip
 # Buffers some checkpoints carry that are functions of the config, not weights:
 # GPT-2's causal mask ("h.0.attn.bias", "h.0.attn.masked_bias") and Llama's RoPE frequencies.
 BUFFER_NAMES = re.compile(r"(^|\.)h\.\d+\.attn\.(masked_)?bias$|\.rotary_emb\.inv_freq$")
-
-
-class PretrainedError(ValueError):
-    """A Hugging Face model directory that cannot be loaded or a model that cannot be saved."""
 
 
 # ---- the name maps ---------------------------------------------------------------------------
@@ -185,254 +160,6 @@ def to_ours(array: np.ndarray, layout: Any, rows: int) -> np.ndarray:
         part = array[..., k * n : (k + 1) * n]  # (C, 3C) -> (C, C) or (3C,) -> (C,)
         return part.T if part.ndim == 2 else part
     return array
-
-
-# ---- config.json -> ModelConfig --------------------------------------------------------------
-def config_from_hf(hf: Mapping[str, Any]) -> tuple[ModelConfig, str]:
-    """Translate a Hugging Face ``config.json`` into a ModelConfig: (config, family).
-
-    Raises PretrainedError naming the architecture or the first field we cannot honour.
-
-    >>> gpt2 = {"architectures": ["GPT2LMHeadModel"], "vocab_size": 50257, "n_positions": 1024,
-    ...         "n_layer": 12, "n_head": 12, "n_embd": 768}
-    >>> config, family = config_from_hf(gpt2)
-    >>> family, config.pos, config.bias, config.ffn_hidden, config.dropout
-    ('gpt2', 'learned', True, 3072, 0.1)
-    """
-    archs = hf.get("architectures") or []
-    known = [a for a in archs if a in ARCHITECTURES]
-    if not known:
-        raise PretrainedError(
-            f"config.json names the architectures {archs} (model_type "
-            f"{hf.get('model_type')!r}); this loader reads {sorted(ARCHITECTURES)}"
-        )
-    family, _ = ARCHITECTURES[known[0]]
-    fields = _Fields(hf)
-    kw = _gpt2_fields(fields) if family == "gpt2" else _llama_fields(fields, known[0])
-    left = sorted(set(hf) - fields.read - IGNORED_FIELDS)
-    if left:
-        raise PretrainedError(
-            f"config.json sets {left}, which this loader cannot honour for {known[0]}; a model "
-            f"built without them would compute something else"
-        )
-    return ModelConfig(**kw), family
-
-
-class _Fields:
-    """config.json's fields, remembering which were read (the rest must be ignorable)."""
-
-    def __init__(self, hf: Mapping[str, Any]):
-        self.hf, self.read = hf, set()
-
-    def get(self, name: str, default: Any = None) -> Any:
-        self.read.add(name)
-        value = self.hf.get(name)
-        return default if value is None else value
-
-    def need(self, name: str) -> Any:
-        """A field the model's shape needs: no default."""
-        value = self.get(name)
-        if value is None:
-            raise PretrainedError(f"config.json lacks {name}, which the model's shape needs")
-        return value
-
-    def require(self, name: str, allowed: tuple, default: Any = None, why: str = "") -> Any:
-        value = self.get(name, default)
-        if value not in allowed:
-            raise PretrainedError(
-                f"config.json sets {name}={value!r}; this loader implements {allowed} only"
-                + (f" ({why})" if why else "")
-            )
-        return value
-
-
-# GPT-2's activation_function (a name in transformers' ACT2FN) -> our gelu_approximate, and
-# back: gelu_new (GPT-2's released checkpoints) and gelu_pytorch_tanh are the tanh form, gelu
-# the exact erf form (nanoGPT's nn.GELU())
-GELU_FROM_HF = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
-GELU_TO_HF = {"tanh": "gelu_new", "none": "gelu"}
-
-
-def _gpt2_fields(f: _Fields) -> dict[str, Any]:
-    act = f.require("activation_function", tuple(GELU_FROM_HF), "gelu_new")
-    f.require("scale_attn_weights", (True,), True)
-    f.require("scale_attn_by_inverse_layer_idx", (False,), False)
-    f.require("add_cross_attention", (False,), False)
-    drops = {name: f.get(name, 0.1) for name in ("attn_pdrop", "resid_pdrop", "embd_pdrop")}
-    if len(set(drops.values())) > 1:
-        raise PretrainedError(f"config.json sets different dropouts {drops}; ours is one rate")
-    return dict(
-        vocab_size=f.need("vocab_size"),
-        block_size=f.need("n_positions"),
-        n_layer=f.need("n_layer"),
-        n_head=f.need("n_head"),
-        n_embd=f.need("n_embd"),
-        ffn_hidden=f.get("n_inner"),  # None: 4 n_embd, as GPT-2's default
-        norm_eps=f.get("layer_norm_epsilon", 1e-5),
-        tie_weights=f.get("tie_word_embeddings", True),
-        dropout=drops["attn_pdrop"],
-        pos="learned",
-        norm="layer",
-        ffn="gelu",
-        gelu_approximate=GELU_FROM_HF[act],
-        bias=True,
-    )
-
-
-def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
-    n_embd, n_head = f.need("hidden_size"), f.need("num_attention_heads")
-    f.require("hidden_act", ("silu",), "silu")
-    f.require("use_mrope", (False,), False, "Qwen2-VL's multimodal rotary")
-    f.require("attention_dropout", (0, 0.0), 0.0, "dropout only on the attention weights")
-    f.require("head_dim", (n_embd // n_head,), n_embd // n_head, "hidden_size / heads")
-    # rope_parameters (transformers 5) holds what rope_theta and rope_scaling held before
-    rope = {"rope_theta": f.get("rope_theta", 10000.0), **(f.get("rope_scaling") or {})}
-    rope.update(f.get("rope_parameters") or {})
-    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-    theta = rope.pop("rope_theta")
-    if rope_type != "default" or rope:
-        raise PretrainedError(
-            f"config.json asks for RoPE scaling {rope_type!r} ({rope}); this loader implements "
-            f"plain RoPE only (no linear, dynamic, YaRN or llama3 scaling)"
-        )
-    window, window_pattern = _sliding_window(f, arch)
-    block_size = f.need("max_position_embeddings")
-    qkv_bias = arch == "Qwen2ForCausalLM"  # Qwen2's q, k, v projections always have biases
-    attention_bias, mlp_bias = f.get("attention_bias", False), f.get("mlp_bias", False)
-    if attention_bias != mlp_bias:
-        raise PretrainedError(
-            f"config.json sets attention_bias={attention_bias} but mlp_bias={mlp_bias}; our "
-            f"`bias` puts biases on every Linear or none"
-        )
-    return dict(
-        vocab_size=f.need("vocab_size"),
-        block_size=block_size,
-        n_layer=f.need("num_hidden_layers"),
-        n_head=n_head,
-        n_kv_head=f.get("num_key_value_heads", n_head),
-        n_embd=n_embd,
-        ffn_hidden=f.need("intermediate_size"),
-        norm_eps=f.get("rms_norm_eps", 1e-6),
-        rope_theta=float(theta),
-        tie_weights=f.get("tie_word_embeddings", False),
-        pos="rope",
-        norm="rms",
-        ffn="swiglu",
-        bias=attention_bias,
-        qkv_bias=qkv_bias,
-        window=window,
-        window_pattern=window_pattern,
-    )
-
-
-def _sliding_window(f: _Fields, arch: str) -> tuple[int | None, str]:
-    """(window, window_pattern) of a Llama-family config.json. Mistral windows every layer;
-    Qwen2 only with use_sliding_window, then the layers from max_window_layers on (its
-    ``layer_types`` says so per layer in transformers 5). Both mask as ours: a query sees
-    itself and the window - 1 keys before it."""
-    window = f.get("sliding_window")
-    n_layer = f.need("num_hidden_layers")
-    if arch == "Qwen2ForCausalLM":
-        if not f.get("use_sliding_window", False):
-            window = None  # Qwen2 names a window but uses it only when use_sliding_window is set
-        full = f.get("max_window_layers", n_layer)  # read even when unused: it changes nothing
-        full = n_layer if window is None else full
-        kinds = ["full_attention"] * full + ["sliding_attention"] * (n_layer - full)
-    else:
-        kinds = ["full_attention" if window is None else "sliding_attention"] * n_layer
-    kinds = f.get("layer_types", kinds)
-    letters = {"full_attention": "F", "sliding_attention": "W"}
-    unknown = sorted(set(kinds) - set(letters))
-    if unknown or len(kinds) != n_layer or (window is None and "sliding_attention" in kinds):
-        raise PretrainedError(
-            f"config.json sets layer_types {kinds} with sliding_window={window}: this loader "
-            f"reads one of {sorted(letters)} per layer ({n_layer}), sliding ones needing a window"
-        )
-    if window is None or "sliding_attention" not in kinds:
-        return None, "W"  # every layer full: ModelConfig's defaults
-    pattern = "".join(letters[k] for k in kinds)
-    # the shortest pattern that repeats to it ("WW" -> "W"), as a preset writes it
-    n = next(n for n in range(1, n_layer + 1) if (pattern[:n] * n_layer)[:n_layer] == pattern)
-    return window, pattern[:n]
-
-
-# ---- ModelConfig -> config.json --------------------------------------------------------------
-def config_to_hf(config: ModelConfig) -> tuple[dict[str, Any], str]:
-    """The ``config.json`` of a model the format can express: (fields, family).
-
-    Raises PretrainedError naming the settings no supported architecture has: the fields
-    must come back unchanged through ``config_from_hf`` (the attention kernel aside).
-    """
-    hf, family = _config_to_hf(config)
-    back = dataclasses.asdict(config_from_hf(hf)[0])
-    lost = {
-        k: v for k, v in dataclasses.asdict(config).items() if k != "attn_impl" and back[k] != v
-    }
-    if lost:
-        raise PretrainedError(
-            f"{hf['architectures'][0]}'s config.json cannot express {lost}; "
-            f"a model saved without them would compute something else"
-        )
-    return hf, family
-
-
-def _config_to_hf(config: ModelConfig) -> tuple[dict[str, Any], str]:
-    c = config
-    shared = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_weights}
-    if c.norm_position != "pre" or c.parallel_block:
-        raise PretrainedError(
-            f"norm_position={c.norm_position!r}, parallel_block={c.parallel_block}: GPT-2 and "
-            f"the Llama family are pre-norm, sequential blocks"
-        )
-    gpt2 = (c.pos, c.norm, c.ffn) == ("learned", "layer", "gelu")
-    llama = (c.pos, c.norm, c.ffn) == ("rope", "rms", "swiglu")
-    if gpt2 and c.bias and c.n_kv_head == c.n_head:
-        return {
-            "architectures": ["GPT2LMHeadModel"],
-            "model_type": "gpt2",
-            **shared,
-            "n_positions": c.block_size,
-            "n_layer": c.n_layer,
-            "n_head": c.n_head,
-            "n_embd": c.n_embd,
-            "n_inner": c.ffn_hidden,
-            "activation_function": GELU_TO_HF[c.gelu_approximate],
-            "layer_norm_epsilon": c.norm_eps,
-            "attn_pdrop": c.dropout,
-            "resid_pdrop": c.dropout,
-            "embd_pdrop": c.dropout,
-        }, "gpt2"
-    if llama and c.dropout == 0:
-        arch = "Qwen2ForCausalLM" if c.qkv_bias and not c.bias else "LlamaForCausalLM"
-        every_layer_windowed = all(c.layer_window(i) is not None for i in range(c.n_layer))
-        if arch == "LlamaForCausalLM" and not c.bias and every_layer_windowed:
-            arch = "MistralForCausalLM"  # Llama's layout with a window on every layer
-        # other window patterns fall to config_to_hf's round trip, which names them
-        window = {"sliding_window": c.window} if arch == "MistralForCausalLM" else {}
-        return {
-            "architectures": [arch],
-            "model_type": ARCHITECTURES[arch][1],
-            **shared,
-            "max_position_embeddings": c.block_size,
-            "num_hidden_layers": c.n_layer,
-            "num_attention_heads": c.n_head,
-            "num_key_value_heads": c.n_kv_head,
-            "hidden_size": c.n_embd,
-            "intermediate_size": c.ffn_hidden,
-            "hidden_act": "silu",
-            "rms_norm_eps": c.norm_eps,
-            "rope_theta": c.rope_theta,
-            **window,
-            **(
-                {} if arch == "Qwen2ForCausalLM" else {"attention_bias": c.bias, "mlp_bias": c.bias}
-            ),
-        }, "llama"
-    raise PretrainedError(
-        f"no Hugging Face architecture here has pos={c.pos!r}, norm={c.norm!r}, ffn={c.ffn!r}, "
-        f"bias={c.bias}, qkv_bias={c.qkv_bias}, n_kv_head={c.n_kv_head} of n_head={c.n_head}, "
-        f"dropout={c.dropout}: GPT-2 is ('learned', 'layer', 'gelu') with biases and "
-        f"multi-head attention; the Llama family ('rope', 'rms', 'swiglu') without dropout"
-    )
 
 
 # ---- reading a directory ---------------------------------------------------------------------
@@ -589,10 +316,7 @@ def from_pretrained(
 def load_pretrained(
     source: str | os.PathLike, device: str = "cpu", block_size: int | None = None
 ) -> tuple[Decoder, Any]:
-    """The model and its tokenizer, as decoder.generate and decoder.finetune use them."""
-    from decoder.hf_tokenizer import HFTokenizer
-    from decoder.tokenizer import TiktokenTokenizer
-
+    """The model and its tokenizer, as decoder.generate and decoder.post.lora use them."""
     directory = resolve_source(source)
     model = from_pretrained(directory, device, block_size)
     if model.config.pos == "learned":  # GPT-2's byte-level BPE is tiktoken's gpt2 encoding

@@ -4,9 +4,9 @@
 
 One ``Decoder`` covers GPT-2 (learned positions, LayerNorm, GELU MLP, pre-norm), the Llama
 family's choices (RoPE, RMSNorm, SwiGLU, grouped-query attention) and Mixtral's and
-DeepSeek's mixture-of-experts feed-forward (decoder/moe.py) through ``ModelConfig``.
+DeepSeek's mixture-of-experts feed-forward (decoder/model/moe.py) through ``ModelConfig``.
 Positions come in two kinds: learned and sinusoidal tables are *added* to the token
-embeddings here; RoPE and ALiBi act inside attention (decoder/attention.py).
+embeddings here; RoPE and ALiBi act inside attention (decoder/model/attention.py).
 
 Initialisation follows GPT-2 (as nanoGPT's ``_init_weights``): every Linear and Embedding
 weight normal with std 0.02, biases zero, and the projections that write into the residual
@@ -24,29 +24,27 @@ Post-norm models have no ``norm_f`` (it is None): their last block already ends 
 as in the original Transformer and GPT-1.
 
 ``generate`` samples one sequence (batch size 1) and yields the tokens as they come; see its
-docstring for the KV cache (rolling for sliding-window layers); beam search and speculative
-decoding are in decoder/decoding.py. Left out on purpose: batched generation, and computing
-the logits of the last position only.
+docstring for the KV cache (rolling for sliding-window layers). The sampling rules
+(temperature, top-k, top-p), beam search and speculative decoding are in
+decoder/model/decoding.py; Hugging Face checkpoints load through decoder.hf.pretrained. Left
+out on purpose: batched generation, and computing the logits of the last position only.
 Follows nanoGPT's ``model.py`` (Karpathy) and Meta's Llama reference code for the names.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from decoder.attention import KVCache
-from decoder.block import Block, make_norm
-from decoder.config import ModelConfig
-from decoder.positional import LearnedPositions, SinusoidalPositions
+from decoder.model.attention import KVCache
+from decoder.model.block import Block, make_norm
+from decoder.model.config import ModelConfig
+from decoder.model.decoding import beam_search, check_sampling, inference, sample_token
+from decoder.model.positional import LearnedPositions, SinusoidalPositions
 from minigrad import functional as F
-from minigrad.autograd import no_grad
 from minigrad.backend import device_of, to_numpy
 from minigrad.nn import (
     INIT_STD,
@@ -58,6 +56,8 @@ from minigrad.nn import (
     normal_parameter,
 )
 from minigrad.tensor import Tensor
+
+IGNORE_INDEX = -100  # cross_entropy's default: targets that add no loss and no gradient
 
 
 class Decoder(Module):
@@ -103,7 +103,7 @@ class Decoder(Module):
         """Logits (B, T, V) for integer ids (B, T), and the mean cross-entropy against
         ``targets`` (B, T) when given (else None; targets of -100 are left out of the mean).
         In training mode a mixture-of-experts model adds its routers' load-balancing loss,
-        ``moe_aux_weight`` times their sum (decoder/moe.py); eval mode returns the
+        ``moe_aux_weight`` times their sum (decoder/model/moe.py); eval mode returns the
         cross-entropy alone.
 
         With ``caches`` (from ``new_caches``), ids are the next T tokens after those already
@@ -227,27 +227,6 @@ class Decoder(Module):
         share = np.mean([to_numpy(moe.expert_share) for moe in moes], axis=0)
         return {"aux_loss": self.config.moe_aux_weight * aux, "expert_share": share.tolist()}
 
-    # ---- Hugging Face checkpoints ---------------------------------------------------------
-    @classmethod
-    def from_pretrained(
-        cls, source: str | os.PathLike, device: str = "cpu", block_size: int | None = None
-    ) -> Decoder:
-        """A model from a Hugging Face directory (``config.json`` + safetensors weights) or a
-        hub name such as ``"gpt2"``: GPT-2 and the Llama family, see decoder/pretrained.py.
-
-        It is in float32 and in eval mode on ``device``; ``block_size`` crops its context.
-        """
-        from decoder.pretrained import from_pretrained
-
-        return from_pretrained(source, device, block_size)
-
-    def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` in the Hugging Face layout, which
-        ``transformers`` loads (GPT-2 and the Llama family; others are refused)."""
-        from decoder.pretrained import save_pretrained
-
-        return save_pretrained(self, directory)
-
     # ---- sampling --------------------------------------------------------------------------
     def generate(
         self,
@@ -280,7 +259,7 @@ class Decoder(Module):
         layer windowed, relative positions: ``ModelConfig.context_limit``) has rolling caches
         only: it neither crops nor recomputes, however long it runs.
 
-        ``beam_width`` above 1 runs beam search instead of sampling (decoder/decoding.py),
+        ``beam_width`` above 1 runs beam search instead of sampling (decoder/model/decoding.py),
         with ``length_penalty``: the whole continuation is found first, then yielded.
 
         Settings are checked here, at the call, not at the first token.
@@ -301,8 +280,6 @@ class Decoder(Module):
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if beam_width != 1:
-            from decoder.decoding import beam_search
-
             if (temperature, top_k, top_p) != (1.0, None, None) or not use_cache:
                 raise ValueError(
                     "beam search ranks continuations by the model's own probabilities and "
@@ -330,7 +307,7 @@ class Decoder(Module):
         crop = slice(None) if limit is None else slice(-limit, None)  # the tokens it can see
         caches = None
         for _ in range(max_new_tokens):
-            with _inference(self):
+            with inference(self):
                 if use_cache and caches is None:  # prefill: the whole cropped prompt at once
                     caches = self.new_caches(1)
                     logits, _ = self([context[crop]], caches=caches)
@@ -343,93 +320,3 @@ class Decoder(Module):
             yield token
             if token == stop_token:
                 return
-
-
-@contextmanager
-def _inference(model: Module) -> Iterator[None]:
-    """No graph and eval mode inside; every module's own mode restored afterwards."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        with no_grad():
-            yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise a ValueError naming the first invalid sampling setting.
-
-    >>> check_sampling(0.8, 40, 0.95)
-    >>> check_sampling(1.0, 0, None)
-    Traceback (most recent call last):
-    ...
-    ValueError: top_k must be a positive integer (or None for no cut), got 0
-    """
-    if not temperature >= 0:  # `not >=` also catches NaN
-        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and (int(top_k) != top_k or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer (or None for no cut), got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1] (or None for no cut), got {top_p}")
-
-
-def sampling_probs(
-    logits: np.ndarray,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> np.ndarray:
-    """The distribution (V,), float64, that ``sample_token`` draws the next token from.
-
-    temperature 0 puts all the mass on the most likely token (greedy). Otherwise: divide by
-    the temperature; keep the ``top_k`` largest logits (k above V keeps all; ties with the
-    k-th are kept too); turn them into probabilities; keep the nucleus, the smallest set of
-    most likely tokens whose mass reaches ``top_p`` (the top token always stays); renormalise.
-
-    >>> sampling_probs(np.array([1.0, 3.0, 2.0]), top_k=2).round(3).tolist()
-    [0.0, 0.731, 0.269]
-    """
-    check_sampling(temperature, top_k, top_p)
-    logits = np.asarray(logits, dtype=np.float64)
-    V = logits.shape[-1]
-    if temperature == 0:
-        return np.eye(V)[np.argmax(logits)]
-    logits = logits / temperature
-    if top_k is not None and top_k < V:
-        kth = np.partition(logits, V - top_k)[V - top_k]  # the k-th largest logit
-        logits = np.where(logits < kth, -np.inf, logits)
-    probs = np.exp(logits - logits.max())  # subtle: subtract the max so exp cannot overflow
-    probs /= probs.sum()
-    if top_p is not None and top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")  # most likely first
-        mass_before = np.cumsum(probs[order]) - probs[order]  # mass of the tokens ahead of each
-        keep = np.zeros(V, dtype=bool)
-        keep[order[mass_before < top_p]] = True  # the first token has 0 ahead: always kept
-        probs = np.where(keep, probs, 0.0)
-        probs /= probs.sum()
-    return probs
-
-
-def sample_token(
-    logits: np.ndarray,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    rng: np.random.Generator | None = None,
-) -> int:
-    """One token id drawn from the logits (V,) of the next position, from the distribution
-    ``sampling_probs`` gives; greedy (temperature 0) draws nothing from ``rng``.
-
-    >>> logits = np.array([1.0, 3.0, 2.0])
-    >>> sample_token(logits, temperature=0.0), sample_token(logits, top_k=1)
-    (1, 1)
-    >>> sorted({sample_token(logits, top_p=0.9, rng=np.random.default_rng(s)) for s in range(50)})
-    [1, 2]
-    """
-    probs = sampling_probs(logits, temperature, top_k, top_p)
-    if temperature == 0:
-        return int(np.argmax(probs))
-    rng = rng if rng is not None else np.random.default_rng()
-    return int(rng.choice(probs.shape[-1], p=probs))

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from decoder.positional import POSITIONS, RoPE, alibi_slopes
+from decoder.model.positional import POSITIONS, RoPE, alibi_slopes
 from minigrad import creation
 from minigrad.backend import device_of, get_xp
 from minigrad.functional.attention import IMPLS, check_window, scaled_dot_product_attention
@@ -50,7 +50,7 @@ class KVCache:
     query sees W keys, and the W-th is its own, which comes with it). ``append`` returns the
     held tokens followed by the new ones (a copy), then keeps the last W - 1 of them; it never
     fills up. ``value_size`` (default head_size) lets the values have another width: multi-head
-    latent attention (decoder/mla.py) keeps its latents c_KV as the keys and its shared
+    latent attention (decoder/model/mla.py) keeps its latents c_KV as the keys and its shared
     rotary keys as the values.
 
     >>> cache = KVCache(batch_size=1, n_kv_head=2, block_size=8, head_size=4)
@@ -165,7 +165,7 @@ class CausalSelfAttention(Module):
     while training with dropout) and to the output (``resid_dropout``). ``window`` W makes it
     sliding-window attention: each token sees its last W positions, itself included, and
     its cache rolls. ``rope_scaling``, ``rope_factor`` and ``rope_original_context`` stretch
-    RoPE (decoder/positional.py, ``rope_frequencies``).
+    RoPE (decoder/model/positional.py, ``rope_frequencies``).
 
     >>> import minigrad as mg
     >>> attn = CausalSelfAttention(n_embd=16, n_head=4, n_kv_head=2, pos="rope", block_size=8)

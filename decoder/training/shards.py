@@ -4,7 +4,7 @@ A step's arithmetic splits cleanly by rows: each sequence's forward and backward
 own, and only the gradients are summed. ``ShardWorkers`` forks ``n - 1`` copies of this
 process, each holding the same model, runs shard 0 here and shard i in worker i, and adds the
 workers' gradients into ``.grad`` after its own, in shard order, so a run gives the same
-numbers every time. This is data parallelism inside one machine, as decoder.dist is across
+numbers every time. This is data parallelism inside one machine, as decoder.training.dist is across
 MPI ranks, but without MPI and with one optimiser: the workers never step, they only compute
 gradients.
 
@@ -88,7 +88,7 @@ class ShardWorkers:
     """``n - 1`` worker processes for ``model``; ``run`` computes a micro-batch's loss and
     gradients as ``n`` row shards, shard 0 in this process.
 
-    ``loss_fn(model, x, y)`` is the shards' loss (``decoder.step.lm_loss``).
+    ``loss_fn(model, x, y)`` is the shards' loss (``decoder.training.step.lm_loss``).
     """
 
     def __init__(self, model: Module, n: int, loss_fn: Callable) -> None:

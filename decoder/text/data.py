@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from decoder.tokenizer import Tokenizer
+from decoder.text.tokenizer import Tokenizer
 from minigrad.fileio import atomic_write
 
 SHAKESPEARE_URL = (

@@ -3,10 +3,10 @@
 Attention by itself is blind to order: permute the tokens and each output moves with its
 token, unchanged. Two families fix that:
 
-- Added to the token embeddings, once, before the first block (used by decoder/model.py):
+- Added to the token embeddings, once, before the first block (used by decoder/model/model.py):
   ``LearnedPositions`` (GPT-2: a trained (block_size, C) table) and ``SinusoidalPositions``
   (the original Transformer: a fixed table of sines and cosines, ``sinusoidal_table``).
-- Applied inside every attention layer (used by decoder/attention.py): ``RoPE`` rotates
+- Applied inside every attention layer (used by decoder/model/attention.py): ``RoPE`` rotates
   queries and keys by an angle proportional to their position, so q_i . k_j depends on i - j
   only (``rope_tables``); ALiBi adds -slope * |i - j| to the scores (``alibi_slopes``,
   ``alibi_bias``).

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from decoder.config import ModelConfig, TrainConfig
+from decoder.model.config import ModelConfig
+from decoder.training.config import TrainConfig
 from minigrad.backend import to_numpy
 from minigrad.fileio import atomic_write, fsync_dir
 from minigrad.serialization import load_safetensors, load_tree, save_safetensors, save_tree
@@ -79,7 +80,7 @@ class Checkpoint:
     model_config: ModelConfig
     train_config: TrainConfig
     weights: dict[str, np.ndarray]
-    tokenizer: dict  # tokenizer.to_dict(); rebuild with decoder.tokenizer.tokenizer_from_dict
+    tokenizer: dict  # tokenizer.to_dict(); rebuild with decoder.text.tokenizer.tokenizer_from_dict
     optimizer: dict | None = None  # optimizer.state_dict(); None for a weights-only checkpoint
     rng: dict = field(default_factory=dict)  # name -> numpy bit_generator.state
     extra: dict = field(default_factory=dict)  # anything else the writer kept (data hash, ...)
@@ -317,10 +318,11 @@ def _check_rng(rng: Any, source: Path) -> None:
     kind (MT19937) would fail only at the restore, with NumPy's traceback.
 
     >>> _check_rng({"batches": {"bit_generator": "PCG64", "state": "?"}}, Path("s.json"))
-    ... # doctest: +ELLIPSIS
+    ... # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    decoder.checkpoint.CheckpointError: s.json: the state of generator 'batches' is damaged ...
+    decoder.training.checkpoint.CheckpointError: s.json: the state of generator 'batches' is
+    damaged ...
     """
     if not isinstance(rng, dict):
         raise CheckpointError(f"{source}: 'rng' is a {type(rng).__name__}, not generator states")
@@ -351,10 +353,12 @@ def check_weights(
     mismatch means the config and the weights were not saved together, or that the file was
     edited: an F32 tensor relabelled I32 has the right length but would load as other numbers.
 
-    >>> check_weights({"w": np.zeros((2, 3))}, {"w": np.zeros((3, 2))}, "f")  # doctest: +ELLIPSIS
+    >>> check_weights({"w": np.zeros((2, 3))}, {"w": np.zeros((3, 2))}, "f")
+    ... # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    decoder.checkpoint.CheckpointError: f: 'w' has shape (2, 3), but the config builds (3, 2); ...
+    decoder.training.checkpoint.CheckpointError: f: 'w' has shape (2, 3), but the config builds
+    (3, 2); ...
     """
     hint = f"the config in {STATE} does not match these weights"
     missing = sorted(set(expected) - set(weights))
@@ -383,9 +387,10 @@ def load_model(path: str | os.PathLike, device: str = "cpu"):
     """The model and tokenizer of a checkpoint, ready for inference: ``(model, tokenizer, ckpt)``.
 
     The model is in eval mode on ``device``, in the dtype it was trained in. Used by
-    decoder.generate and decoder.finetune.
+    decoder.generate and decoder.post.lora.
     """
-    from decoder.model import Decoder  # here, not at the top: reading a checkpoint needs no model
+    # here, not at the top: reading a checkpoint needs no model
+    from decoder.model.model import Decoder
 
     ckpt = load_checkpoint(path, with_optimizer=False)
     tokenizer = build_tokenizer(ckpt)
@@ -401,7 +406,7 @@ def load_model(path: str | os.PathLike, device: str = "cpu"):
 
 def build_tokenizer(ckpt: Checkpoint):
     """The checkpoint's tokenizer, checked against the model's vocabulary size."""
-    from decoder.tokenizer import tokenizer_from_dict
+    from decoder.text.tokenizer import tokenizer_from_dict
 
     path = ckpt.path / TOKENIZER
     try:

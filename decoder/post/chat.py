@@ -31,11 +31,10 @@ from typing import Any
 import numpy as np
 
 import minigrad as mg
-from decoder.model import Decoder
+from decoder.model.model import IGNORE_INDEX, Decoder
 
 USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_TOKENS = (USER, ASSISTANT, END)
-IGNORE_INDEX = -100  # cross_entropy's default: targets that add no loss and no gradient
 
 
 def has_chat_tokens(tokenizer: Any) -> bool:
@@ -46,7 +45,7 @@ def has_chat_tokens(tokenizer: Any) -> bool:
 def chat_tokenizer(tokenizer: Any) -> Any:
     """``tokenizer`` with the chat tokens (itself if it has them): char and BPE tokenizers.
 
-    >>> from decoder.tokenizer import CharTokenizer
+    >>> from decoder.text.tokenizer import CharTokenizer
     >>> chat_tokenizer(CharTokenizer.from_text("ab")).special_tokens
     {'<|user|>': 2, '<|assistant|>': 3, '<|end|>': 4}
     """
@@ -64,7 +63,7 @@ def chat_tokenizer(tokenizer: Any) -> Any:
 def encode_prompt(tokenizer: Any, instruction: str) -> list[int]:
     """``<|user|> instruction <|assistant|>`` as ids: what a model is given to answer.
 
-    >>> from decoder.tokenizer import CharTokenizer
+    >>> from decoder.text.tokenizer import CharTokenizer
     >>> encode_prompt(chat_tokenizer(CharTokenizer.from_text("ab")), "ba")
     [2, 1, 0, 3]
     """
@@ -75,7 +74,7 @@ def encode_prompt(tokenizer: Any, instruction: str) -> list[int]:
 def encode_pair(tokenizer: Any, instruction: str, response: str) -> tuple[list[int], int]:
     """The whole turn as ids, and how many of them are the prompt.
 
-    >>> from decoder.tokenizer import CharTokenizer
+    >>> from decoder.text.tokenizer import CharTokenizer
     >>> encode_pair(chat_tokenizer(CharTokenizer.from_text("ab")), "a", "bb")
     ([2, 0, 3, 1, 1, 4], 3)
     """

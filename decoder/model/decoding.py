@@ -1,5 +1,8 @@
-"""Decoding strategies beyond sampling one token at a time: beam search and speculative
-decoding. Both take a ``Decoder`` and a prompt (a list of token ids) and return token ids.
+"""Decoding: how a next token is chosen from the logits (``sampling_probs``, ``sample_token``:
+temperature, top-k, top-p; greedy at temperature 0), and two strategies beyond sampling one
+token at a time, beam search and speculative decoding. Both take a ``Decoder`` and a prompt
+(a list of token ids) and return token ids. ``Decoder.generate`` (decoder/model/model.py)
+samples with the first and searches with the second.
 
 - Beam search keeps the ``beam_width`` likeliest continuations (by their summed
   log-probabilities) as one batch; each step scores every beam's every next token and keeps
@@ -25,13 +28,110 @@ stopping of beam search, diverse beams, tree-shaped drafts (Medusa), a draft tha
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from decoder.attention import KVCache
-from decoder.model import Decoder, _inference, sampling_probs
+from decoder.model.attention import KVCache
+from minigrad.autograd import no_grad
 from minigrad.backend import to_numpy
+from minigrad.nn import Module
+
+if TYPE_CHECKING:  # annotations only: decoder.model.model imports this module
+    from decoder.model.model import Decoder
+
+
+@contextmanager
+def inference(model: Module) -> Iterator[None]:
+    """No graph and eval mode inside; every module's own mode restored afterwards."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with no_grad():
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise a ValueError naming the first invalid sampling setting.
+
+    >>> check_sampling(0.8, 40, 0.95)
+    >>> check_sampling(1.0, 0, None)
+    Traceback (most recent call last):
+    ...
+    ValueError: top_k must be a positive integer (or None for no cut), got 0
+    """
+    if not temperature >= 0:  # `not >=` also catches NaN
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and (int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer (or None for no cut), got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (or None for no cut), got {top_p}")
+
+
+def sampling_probs(
+    logits: np.ndarray,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> np.ndarray:
+    """The distribution (V,), float64, that ``sample_token`` draws the next token from.
+
+    temperature 0 puts all the mass on the most likely token (greedy). Otherwise: divide by
+    the temperature; keep the ``top_k`` largest logits (k above V keeps all; ties with the
+    k-th are kept too); turn them into probabilities; keep the nucleus, the smallest set of
+    most likely tokens whose mass reaches ``top_p`` (the top token always stays); renormalise.
+
+    >>> sampling_probs(np.array([1.0, 3.0, 2.0]), top_k=2).round(3).tolist()
+    [0.0, 0.731, 0.269]
+    """
+    check_sampling(temperature, top_k, top_p)
+    logits = np.asarray(logits, dtype=np.float64)
+    V = logits.shape[-1]
+    if temperature == 0:
+        return np.eye(V)[np.argmax(logits)]
+    logits = logits / temperature
+    if top_k is not None and top_k < V:
+        kth = np.partition(logits, V - top_k)[V - top_k]  # the k-th largest logit
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max())  # subtle: subtract the max so exp cannot overflow
+    probs /= probs.sum()
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")  # most likely first
+        mass_before = np.cumsum(probs[order]) - probs[order]  # mass of the tokens ahead of each
+        keep = np.zeros(V, dtype=bool)
+        keep[order[mass_before < top_p]] = True  # the first token has 0 ahead: always kept
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum()
+    return probs
+
+
+def sample_token(
+    logits: np.ndarray,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    rng: np.random.Generator | None = None,
+) -> int:
+    """One token id drawn from the logits (V,) of the next position, from the distribution
+    ``sampling_probs`` gives; greedy (temperature 0) draws nothing from ``rng``.
+
+    >>> logits = np.array([1.0, 3.0, 2.0])
+    >>> sample_token(logits, temperature=0.0), sample_token(logits, top_k=1)
+    (1, 1)
+    >>> sorted({sample_token(logits, top_p=0.9, rng=np.random.default_rng(s)) for s in range(50)})
+    [1, 2]
+    """
+    probs = sampling_probs(logits, temperature, top_k, top_p)
+    if temperature == 0:
+        return int(np.argmax(probs))
+    rng = rng if rng is not None else np.random.default_rng()
+    return int(rng.choice(probs.shape[-1], p=probs))
 
 
 def _new_caches(model: Decoder, batch_size: int) -> list[KVCache]:
@@ -58,7 +158,7 @@ class _Stream:
     def logits(self, seqs: list[list[int]], n: int) -> np.ndarray:
         """The logits (B, n, V), float64 on the host, after each of the last n tokens of each
         sequence: the distributions of the tokens that follow them."""
-        with _inference(self.model):
+        with inference(self.model):
             if self.caches is not None and len(seqs[0]) <= self.limit:
                 out, _ = self.model([s[self.fed :] for s in seqs], caches=self.caches)
                 self.fed = len(seqs[0])

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from decoder.attention import KVCache
-from decoder.positional import RoPE
+from decoder.model.attention import KVCache
+from decoder.model.positional import RoPE
 from minigrad import creation
 from minigrad.backend import xp_of
 from minigrad.functional.dropout import dropout
@@ -218,7 +218,7 @@ def cache_floats_per_token(config: Any) -> int:
     for memory): MHA and GQA 2 n_kv_head head_size per layer, MLA kv_lora_rank +
     rope_head_dim per layer.
 
-    >>> from decoder.config import ModelConfig
+    >>> from decoder.model.config import ModelConfig
     >>> settings = dict(n_layer=2, n_head=8, n_embd=256, pos="rope")
     >>> [cache_floats_per_token(ModelConfig(**settings, **kw)) for kw in (
     ...     {}, dict(n_kv_head=2), dict(attention="mla", kv_lora_rank=64, rope_head_dim=16))]

@@ -29,7 +29,7 @@ from typing import Any
 
 import tiktoken
 
-from decoder.tokenizer import GPT2_SPLIT_PATTERN, split_text
+from decoder.text.bpe import GPT2_SPLIT_PATTERN, split_text
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -17,7 +17,7 @@ line, or the true rest with its words shuffled. Both are told apart by local coh
 the opening words, which a model trained on the text scores already: DPO sharpens that.
 
 Every example fits a context of ``context`` tokens for a character-level model (its text
-and the chat template's three markers: decoder/chat.py), so the default suits
+and the chat template's three markers: decoder/post/chat.py), so the default suits
 shakespeare-char's 64. Generation is deterministic in (text, n, seed, context) and cached as
 JSONL under ``cache_dir() / "instruct"``. Examples come grouped by speech, the speeches in a
 seeded random order, and the datasets hold out the last VAL_FRACTION: so a held-out line is
@@ -27,7 +27,7 @@ splits (the end of the text, as TokenDataset holds out, is one play's cast alone
 Users bring their own data as JSONL, one object per line: ``{"instruction", "response"}`` for
 SFT, ``{"prompt", "chosen", "rejected"}`` for DPO (the formats of Alpaca and of Anthropic's
 HH / TRL); other keys are ignored, and a bad line is an error naming its line number.
-Left out on purpose: multi-turn chats and system prompts (decoder/chat.py says why).
+Left out on purpose: multi-turn chats and system prompts (decoder/post/chat.py says why).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from decoder.chat import END, encode_pair, pad_batch
-from decoder.data import VAL_FRACTION, cache_dir
+from decoder.post.chat import END, encode_pair, pad_batch
+from decoder.text.data import VAL_FRACTION, cache_dir
 from minigrad.fileio import atomic_write
 
 FIELDS = {"sft": ("instruction", "response"), "dpo": ("prompt", "chosen", "rejected")}
@@ -224,10 +224,10 @@ def _encode(tokenizer: Any, examples: Sequence[dict], fields: Sequence[str]) -> 
 
 
 class ChatDataset:
-    """Instruction pairs as chat turns (decoder/chat.py), split into ``train`` and ``val``
+    """Instruction pairs as chat turns (decoder/post/chat.py), split into ``train`` and ``val``
     (the last VAL_FRACTION), served as padded batches with the prompt's targets ignored.
 
-    ``get_batch`` has TokenDataset's signature, so decoder.step's ``train_step`` and
+    ``get_batch`` has TokenDataset's signature, so decoder.training.step's ``train_step`` and
     ``estimate_loss`` take these batches unchanged. A turn longer than the context is left
     out, and ``dropped`` says how many were.
     """

@@ -15,17 +15,17 @@ Three layouts, chosen by the config:
 Every block has the same config, except that ``config.window_pattern`` may make some layers
 windowed and others full (``ModelConfig.layer_window``).
 
-The feed-forward is GPT-2's MLP, Llama's SwiGLU or a mixture of experts (decoder/moe.py).
+The feed-forward is GPT-2's MLP, Llama's SwiGLU or a mixture of experts (decoder/model/moe.py).
 
 Left out on purpose: dropout here (attention and the FFN apply their own residual dropout).
 """
 
 from __future__ import annotations
 
-from decoder.attention import CausalSelfAttention, KVCache
-from decoder.config import ModelConfig
-from decoder.mla import MultiHeadLatentAttention
-from decoder.moe import MoE
+from decoder.model.attention import CausalSelfAttention, KVCache
+from decoder.model.config import ModelConfig
+from decoder.model.mla import MultiHeadLatentAttention
+from decoder.model.moe import MoE
 from minigrad import Tensor
 from minigrad.nn import MLP, LayerNorm, Module, RMSNorm, SwiGLU
 
@@ -43,7 +43,7 @@ def make_norm(config: ModelConfig) -> Module:
 
 def make_ffn(config: ModelConfig) -> Module:
     """The feed-forward the config asks for: GPT-2's MLP (with the GELU form of
-    ``gelu_approximate``), Llama's SwiGLU or a mixture of SwiGLU experts (decoder/moe.py).
+    ``gelu_approximate``), Llama's SwiGLU or a mixture of SwiGLU experts (decoder/model/moe.py).
 
     >>> type(make_ffn(ModelConfig(ffn="moe", n_embd=8, n_head=2))).__name__
     'MoE'

@@ -1,13 +1,12 @@
-"""What supervised fine-tuning (decoder.sft) and preference optimisation (decoder.dpo) share:
-a training run that starts from a trained checkpoint instead of from scratch.
+"""What supervised fine-tuning (decoder.post.sft) and preference optimisation (decoder.post.dpo)
+share: a training run that starts from a trained checkpoint instead of from scratch.
 
-``start_post_run`` loads the base model, gives it the chat template's tokens
-(decoder/chat.py), optionally wraps it in LoRA adapters, and builds decoder.train's ``Run``
-around it, so that ``run_post`` trains it with decoder.train's own loop: the same step
-(decoder.step), progress bar, log, plot, evaluations, atomic checkpoints, Ctrl-C handling
-and exact resume (the checkpoint keeps the optimiser and every generator). What differs
-between SFT and DPO is passed in: the dataset (its ``get_batch``), the loss and the numbers
-logged at each evaluation.
+``start_post_run`` loads the base model, gives it the chat template's tokens (decoder/post/chat.py),
+optionally wraps it in LoRA adapters, and builds decoder.training.run's ``Run`` around it, so that
+``run_post`` trains it with decoder.training.loop's own loop: the same step (decoder.training.step),
+progress bar, log, plot, evaluations, atomic checkpoints, Ctrl-C handling and exact resume (the
+checkpoint keeps the optimiser and every generator). What differs between SFT and DPO is passed in:
+the dataset (its ``get_batch``), the loss and the numbers logged at each evaluation.
 
 A post-training run keeps its base model's shape and training settings, with POST_DEFAULTS
 (a short run at a lower learning rate) and the settings given as --key=value on top. With
@@ -20,7 +19,6 @@ Left out on purpose: a reward model and PPO (DPO needs neither), and several ada
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -30,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from decoder.chat import add_chat_tokens, chat_tokenizer
-from decoder.checkpoint import (
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.post.chat import add_chat_tokens, chat_tokenizer
+from decoder.training.checkpoint import (
     LATEST,
     CheckpointError,
     build_tokenizer,
@@ -39,19 +39,11 @@ from decoder.checkpoint import (
     has_checkpoint,
     load_checkpoint,
 )
-from decoder.config import DEFAULT_PRESET, ModelConfig, TrainConfig, build_configs
-from decoder.model import Decoder
-from decoder.rundir import claim_dir
-from decoder.train import (
-    RUN_FILES,
-    Run,
-    generators,
-    loop,
-    make_optimizer,
-    parse_overrides,
-    read_log,
-    restore,
-)
+from decoder.training.config import DEFAULT_PRESET, TrainConfig, build_configs
+from decoder.training.log import read_log
+from decoder.training.loop import loop
+from decoder.training.run import RUN_FILES, Run, generators, make_optimizer, restore
+from decoder.training.rundir import claim_dir
 from minigrad.nn.lora import apply_lora, merge_lora
 
 # A short run at a tenth of pre-training's rate: the model knows the text already.
@@ -59,7 +51,7 @@ POST_DEFAULTS = dict(
     max_iters=300, lr=3e-4, min_lr=3e-5, warmup_iters=20, lr_decay_iters=None,
     eval_interval=50, eval_iters=10, sample_tokens=0,
 )  # fmt: skip
-RESUME_FIXED = ("seed", "dtype", "tokenizer", "bpe_vocab_size")  # as decoder.train's
+RESUME_FIXED = ("seed", "dtype", "tokenizer", "bpe_vocab_size")  # as decoder.training.run's
 
 
 def examples_fingerprint(examples: Sequence[dict]) -> str:
@@ -200,45 +192,10 @@ def run_post(
     until: int | None = None,
     progress: bool = True,
 ) -> tuple[Run, list[dict]]:
-    """Hold ``out_dir`` (decoder.rundir), build the run with ``start(out_dir)`` (which sets
-    its ``loss_fn`` and ``metrics``) and train it with decoder.train's loop; returns the run
+    """Hold ``out_dir`` (decoder.training.rundir), build the run with ``start(out_dir)`` (which sets
+    its ``loss_fn`` and ``metrics``) and train it with decoder.training.loop's loop; returns the run
     and its log."""
     with claim_dir(out_dir, RUN_FILES, LATEST, resume=resume, overwrite=overwrite) as out_dir:
         run = start(out_dir)
         loop(run, until, progress)
         return run, read_log(out_dir)
-
-
-# ---- the command line shared by decoder.sft and decoder.dpo -------------------------------------
-def arguments(prog: str, description: str, start_from: str) -> argparse.ArgumentParser:
-    """The options both commands take; settings come after them as --key=value."""
-    p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--checkpoint", help=f"the run to start from ({start_from})")
-    p.add_argument("--out", required=True, help="the run directory")
-    p.add_argument("--data", help="a JSONL file of examples (default: made from Shakespeare)")
-    p.add_argument("--examples", type=int, default=4000, help="how many to make (no --data)")
-    again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="continue the run in --out")
-    again.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    p.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank")
-    p.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA's scale is alpha / r")
-    p.add_argument("--targets", default="wq,wv", help="comma-separated Linear names for LoRA")
-    return p
-
-
-def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[Any, dict, dict | None]:
-    """The parsed options, the --key=value settings, and the LoRA settings (None: full)."""
-    args, rest = p.parse_known_args(argv)
-    if not (args.resume or args.checkpoint):
-        p.error("give the model to start from with --checkpoint (or --resume a run)")
-    if args.examples < 2:
-        p.error(f"--examples={args.examples}: at least 2 (some train, some are held out)")
-    if args.lora_r < 0:
-        p.error(f"--lora-r={args.lora_r}: a rank is at least 1 (0: train every weight)")
-    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    lora = {"r": args.lora_r, "alpha": args.lora_alpha, "targets": targets}
-    try:
-        overrides = parse_overrides(rest)
-    except ValueError as e:
-        p.error(str(e))
-    return args, overrides, lora if args.lora_r else None

@@ -1,0 +1,126 @@
+"""What the five commands (decoder.train, generate, finetune, sft, dpo) share on the command
+line: ``--key=value`` settings, the preset list, the device rule of training, the options of
+the post-training commands, and one mapping from errors to exit codes.
+
+Every trainer's command line ends the same way (``run_command``): 0 done, 1 the loss
+diverged, 2 an error the user can fix, printed as one line, 130 interrupted after saving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from decoder.training.config import DEFAULT_PRESET, PRESETS, TrainConfig
+from decoder.training.step import TrainingDiverged
+from minigrad.backend import DeviceUnavailableError, get_xp
+
+
+# ---- every command -----------------------------------------------------------------------------
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """``["--n_layer=6", "--max-iters", "100"]`` -> ``{"n_layer": "6", "max_iters": "100"}``.
+
+    >>> parse_overrides(["--n_layer=6", "--max-iters", "100"])
+    {'n_layer': '6', 'max_iters': '100'}
+    """
+    overrides, i = {}, 0
+    while i < len(items):
+        item = items[i]
+        if not item.startswith("--") or item == "--":
+            raise ValueError(f"unexpected argument {item!r}: settings are written --key=value")
+        key, eq, value = item[2:].partition("=")
+        if not eq:  # "--key value"
+            if i + 1 >= len(items) or items[i + 1].startswith("--"):
+                raise ValueError(f"--{key} needs a value: write --{key}=VALUE")
+            value, i = items[i + 1], i + 1
+        overrides[key.replace("-", "_")] = value
+        i += 1
+    return overrides
+
+
+def list_presets() -> str:
+    lines = []
+    for name, preset in PRESETS.items():
+        default = " (default)" if name == DEFAULT_PRESET else ""
+        lines.append(f"{name}{default}\n    {preset.description}")
+    return "\n".join(lines)
+
+
+def run_command(body: Callable[[], object]) -> int:
+    """Run a command's body and return its exit code, the same for every trainer's command line.
+
+    0 done; 1 the loss diverged (TrainingDiverged); 2 an error the user can fix, printed as one
+    line (ValueError, OSError, RuntimeError, KeyError: CheckpointError, RunDirError, and
+    load_shakespeare offline are among them); 130 interrupted, after the loop saved.
+    """
+    try:
+        body()
+    except KeyboardInterrupt:
+        return 130
+    except TrainingDiverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, RuntimeError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def device_or_cpu(train_cfg: TrainConfig, requested: bool) -> TrainConfig:
+    """``train_cfg`` with a device this machine can run. Where CUDA cannot run, a "cuda" that
+    only a preset (or the resumed run) chose becomes "cpu", with a note on stderr; one the user
+    ``requested`` raises DeviceUnavailableError, whose message says how to install CuPy.
+
+    >>> device_or_cpu(TrainConfig(device="cpu"), requested=True).device
+    'cpu'
+    """
+    try:
+        get_xp(train_cfg.device)  # imports CuPy for "cuda"
+    except DeviceUnavailableError as e:
+        if requested:
+            raise
+        print(
+            f"note: {e} Training on the CPU instead; pass --device=cpu to choose it "
+            "yourself, or --device=cuda to insist on the GPU.",
+            file=sys.stderr,
+        )
+        return dataclasses.replace(train_cfg, device="cpu")
+    return train_cfg
+
+
+# ---- the command line shared by decoder.sft and decoder.dpo -------------------------------------
+def arguments(prog: str, description: str, start_from: str) -> argparse.ArgumentParser:
+    """The options both commands take; settings come after them as --key=value."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--checkpoint", help=f"the run to start from ({start_from})")
+    p.add_argument("--out", required=True, help="the run directory")
+    p.add_argument("--data", help="a JSONL file of examples (default: made from Shakespeare)")
+    p.add_argument("--examples", type=int, default=4000, help="how many to make (no --data)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue the run in --out")
+    again.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    p.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank")
+    p.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA's scale is alpha / r")
+    p.add_argument("--targets", default="wq,wv", help="comma-separated Linear names for LoRA")
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[Any, dict, dict | None]:
+    """The parsed options, the --key=value settings, and the LoRA settings (None: full)."""
+    args, rest = p.parse_known_args(argv)
+    if not (args.resume or args.checkpoint):
+        p.error("give the model to start from with --checkpoint (or --resume a run)")
+    if args.examples < 2:
+        p.error(f"--examples={args.examples}: at least 2 (some train, some are held out)")
+    if args.lora_r < 0:
+        p.error(f"--lora-r={args.lora_r}: a rank is at least 1 (0: train every weight)")
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    lora = {"r": args.lora_r, "alpha": args.lora_alpha, "targets": targets}
+    try:
+        overrides = parse_overrides(rest)
+    except ValueError as e:
+        p.error(str(e))
+    return args, overrides, lora if args.lora_r else None

@@ -1,0 +1,315 @@
+"""LoRA fine-tuning of a trained checkpoint on new text, and merging the adapters back
+(``python -m decoder.finetune`` is its command).
+
+Fine-tuning freezes the base model, wraps the target projections in LoRA adapters
+(minigrad.nn.lora) and trains only those, with the base run's batch size and context. It
+prints the validation loss on the new text before (the base model: LoRA's B starts at
+zero) and after, and saves only the adapters: ``adapters.safetensors`` and ``lora.json``
+(the LoRA settings, the losses, the path of the base checkpoint and the sha256 of its
+weights), a few kilobytes where the base is megabytes. Loading adapters refuses a base whose
+weights changed since, and names the base run's newer checkpoint when training that run
+further removed the one they were trained on (a run keeps only its newest): copy a base
+checkpoint elsewhere to keep it. ``--merge`` (or the ``merge`` command) folds the adapters into
+the base weights and writes a full checkpoint that decoder.generate reads like any other;
+for a Hugging Face base (``--from-pretrained``), a Hugging Face directory, to share.
+
+The new text must be written in the base tokenizer's vocabulary: a character-level model
+cannot read characters it has never seen (the error lists them). Each step is
+decoder.training.step.train_step, the one decoder.training.loop takes (a NaN loss stops both
+the same way).
+``--out`` is held as decoder.training.rundir describes: locked while in use, and a previous
+fine-tune's adapters (or a merged checkpoint) are replaced only with ``--overwrite``.
+
+Left out on purpose: QLoRA (quantised bases), adapters on embeddings, several adapters at
+once, and resuming a fine-tune (they take minutes). Follows Hu et al. 2021 ("LoRA") and
+the shape of HF PEFT's save format (adapter weights + a small JSON config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import minigrad as mg
+from decoder.hf.pretrained import (
+    CONFIG,
+    HF_FILES,
+    TOKENIZER_JSON,
+    load_pretrained,
+    resolve_source,
+    save_pretrained,
+)
+from decoder.text.data import TokenDataset
+from decoder.training.checkpoint import (
+    CHECKPOINT_FILES,
+    LATEST,
+    CheckpointError,
+    has_checkpoint,
+    load_checkpoint,
+    load_model,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from decoder.training.config import TrainConfig
+from decoder.training.loop import lr_at
+from decoder.training.rundir import claim_dir
+from decoder.training.step import estimate_loss, train_step
+from minigrad.backend import reuse_freed_memory, to_numpy
+from minigrad.fileio import atomic_write
+from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
+from minigrad.optim import AdamW, set_lr
+from minigrad.serialization import load_safetensors, save_safetensors
+
+ADAPTERS, SETTINGS, MERGED = "adapters.safetensors", "lora.json", "merged"
+
+
+def _head_counts(model: Any) -> dict[str, int]:
+    """How many heads each attention projection produces (W_K and W_V fewer under GQA)."""
+    c = model.config
+    return {"wq": c.n_head, "wk": c.n_kv_head, "wv": c.n_kv_head, "wo": c.n_head}
+
+
+def _encode(tokenizer: Any, text: str, source: str) -> list[int]:
+    try:
+        return tokenizer.encode(text)
+    except ValueError as e:
+        raise ValueError(
+            f"{source} cannot be written with the base checkpoint's tokenizer: {e}; fine-tune "
+            f"on text in the base model's vocabulary"
+        ) from None
+
+
+def finetune(
+    checkpoint: str | Path,
+    text: str,
+    out_dir: str | Path,
+    r: int = 8,
+    alpha: float = 16.0,
+    targets: tuple[str, ...] = ("wq", "wv"),
+    per_head: bool = False,
+    dropout: float = 0.0,
+    max_iters: int = 200,
+    lr: float = 1e-3,
+    seed: int = 1337,
+    device: str = "cpu",
+    progress: bool = True,
+    data_path: str | None = None,
+    overwrite: bool = False,
+    pretrained: bool = False,
+    block_size: int | None = None,
+) -> dict[str, Any]:
+    """Train LoRA adapters on ``text`` and save them (only them) into ``out_dir``.
+
+    ``checkpoint`` is one of our checkpoints, or with ``pretrained`` a Hugging Face model
+    directory or hub name (decoder/hf/pretrained.py), trained with TrainConfig's batch settings
+    and a context of ``block_size`` tokens (default: the model's). ``lr``, ``max_iters`` and
+    ``seed`` become TrainConfig fields, so a value outside their range is a ValueError naming
+    the field, as for decoder.train's.
+
+    ``out_dir`` is held as decoder.training.rundir describes: a directory holding a previous
+    fine-tune's adapters is refused unless ``overwrite``. Returns ``{"val_loss_before",
+    "val_loss_after", "trainable", "wrapped", "out_dir"}``. A NaN or infinite loss raises
+    decoder.training.step.TrainingDiverged, as in decoder.training.loop.
+    """
+    reuse_freed_memory()  # as decoder.training.loop: keep the pages each step frees
+    say = print if progress else (lambda *a, **k: None)
+    claim = claim_dir(out_dir, (ADAPTERS, SETTINGS, MERGED), SETTINGS, overwrite=overwrite)
+    with claim as out_dir:
+        model, tokenizer, base_cfg, base = _load_base(checkpoint, device, pretrained, block_size)
+        # the base run's batch size, evaluation batches and clipping, with this seed and a
+        # cosine schedule from lr to lr / 10 after a tenth of the steps: TrainConfig checks
+        # lr, max_iters and seed by the rules decoder.train's settings meet
+        cfg = dataclasses.replace(
+            base_cfg,
+            seed=seed,
+            device=device,
+            lr=lr,
+            min_lr=lr / 10,
+            max_iters=max_iters,
+            warmup_iters=max_iters // 10,
+            lr_decay_iters=max_iters,
+        )
+        data = TokenDataset(_encode(tokenizer, text, data_path or "the fine-tune text"))
+        mg.manual_seed(seed)  # the adapters' A init and their dropout generators
+        wrapped = apply_lora(
+            model,
+            targets,
+            r=r,
+            alpha=alpha,
+            dropout=dropout,
+            per_head=per_head,
+            n_head=_head_counts(model) if per_head else None,
+        )
+        model.to(device)
+        n_trainable = sum(p.size for p in model.parameters() if p.requires_grad)
+        names = ", ".join(sorted({w.split(".")[-1] for w in wrapped}))
+        say(
+            f"LoRA on {len(wrapped)} layers ({names}): {n_trainable:,} trainable of "
+            f"{model.num_parameters():,} parameters"
+        )
+
+        T = model.config.block_size
+        before = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
+        say(f"val loss on the new text before fine-tuning: {before:.4f}")
+        t0 = time.perf_counter()
+        train_adapters(model, data, cfg, say)
+        after = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
+        say(
+            f"val loss on the new text after {max_iters} steps "
+            f"({time.perf_counter() - t0:.1f} s): {after:.4f}"
+        )
+
+        save_safetensors(out_dir / ADAPTERS, lora_state_dict(model))
+        settings = {
+            "r": r,
+            "alpha": alpha,
+            "targets": list(targets),
+            "per_head": per_head,
+            "dropout": dropout,
+            **base,
+            "data": data_path,
+            "max_iters": max_iters,
+            "lr": lr,
+            "seed": seed,
+            "val_loss_before": before,
+            "val_loss_after": after,
+        }
+        with atomic_write(out_dir / SETTINGS, text=True) as f:  # last: the manifest
+            json.dump(settings, f, indent=1)
+    say(f"adapters saved in {out_dir} ({ADAPTERS}, {SETTINGS})")
+    return {
+        "val_loss_before": before,
+        "val_loss_after": after,
+        "trainable": n_trainable,
+        "wrapped": wrapped,
+        "out_dir": str(out_dir),
+    }
+
+
+def _load_base(
+    source: str | Path, device: str, pretrained: bool, block_size: int | None = None
+) -> tuple[Any, Any, TrainConfig, dict[str, Any]]:
+    """The base model, its tokenizer, its training settings, and where it came from (for
+    lora.json): one of our checkpoints, or a Hugging Face model."""
+    if pretrained:
+        model, tokenizer = load_pretrained(source, device=device, block_size=block_size)
+        where = str(resolve_source(source).resolve())  # a hub name: its cache directory
+        base = {"base_pretrained": where, "block_size": model.config.block_size}
+        return model, tokenizer, TrainConfig(), {**base, "base_sha256": _digest(model)}
+    model, tokenizer, ckpt = load_model(source, device=device)
+    where = {"base_checkpoint": str(ckpt.path.resolve()), "base_step": ckpt.step}
+    return model, tokenizer, ckpt.train_config, {**where, "base_sha256": _digest(model)}
+
+
+def _digest(model: Any) -> str:
+    """The sha256 of a model's weights (names, dtypes, shapes and values): lora.json records
+    the base's, so adapters are never applied to a base that changed since (retrained,
+    overwritten, or another download under the same name)."""
+    digest = hashlib.sha256()
+    # what state_dict saves, without its copies: a base of billions of weights is hashed once
+    tensors = model.named_parameters() + model.named_buffers(persistent_only=True)
+    for name, tensor in sorted(tensors, key=lambda named: named[0]):
+        array = np.ascontiguousarray(to_numpy(tensor.data))  # a GPU base: one tensor at a time
+        digest.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
+        digest.update(array.data)
+    return digest.hexdigest()
+
+
+def train_adapters(model: Any, data: TokenDataset, cfg: TrainConfig, say: Any) -> None:
+    """``cfg.max_iters`` steps of AdamW (no weight decay) on the trainable parameters, with
+    ``cfg``'s schedule (decoder.training.loop.lr_at)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=0.0)
+    rng = np.random.default_rng(cfg.seed)
+    model.train()
+    max_iters = cfg.max_iters
+    for step in range(max_iters):
+        set_lr(optimizer, lr_at(step, cfg))
+        rows = cfg.batch_size * cfg.grad_accum_steps  # batch_size is one micro-batch
+        x, y = data.get_batch("train", rows, model.config.block_size, rng)
+        loss = train_step(model, optimizer, x, y, cfg, step + 1)
+        if (step + 1) % max(1, max_iters // 10) == 0:
+            say(f"step {step + 1}/{max_iters}: loss {loss:.4f}")
+
+
+def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, Any, dict]:
+    """The base model with the saved adapters applied (not merged): (model, tokenizer, settings)."""
+    adapters_dir = Path(adapters_dir)
+    path = adapters_dir / SETTINGS
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; is {adapters_dir} the --out of a fine-tune?")
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    pretrained = "base_pretrained" in settings
+    base = settings["base_pretrained" if pretrained else "base_checkpoint"]
+    if not pretrained and not Path(base).is_dir():
+        run_dir = Path(base).parent
+        now = resolve_checkpoint(run_dir).name if has_checkpoint(run_dir) else "no checkpoint"
+        raise CheckpointError(
+            f"{path}: these adapters were trained on {base} (step {settings['base_step']}), "
+            f"which is gone: {run_dir} now holds {now} (a run keeps only its newest "
+            f"checkpoint). Fine-tune again on the current base; to keep a base, copy its "
+            f"checkpoint directory elsewhere and fine-tune from the copy"
+        )
+    model, tokenizer, _, where = _load_base(base, "cpu", pretrained, settings.get("block_size"))
+    if where["base_sha256"] != settings.get("base_sha256", where["base_sha256"]):
+        raise CheckpointError(
+            f"{path}: the base {base} holds other weights than the ones these adapters were "
+            f"trained on (sha256 {where['base_sha256'][:12]}..., recorded "
+            f"{settings['base_sha256'][:12]}...): it was retrained or replaced since. "
+            f"Fine-tune again on it"
+        )
+    apply_lora(
+        model,
+        tuple(settings["targets"]),
+        r=settings["r"],
+        alpha=settings["alpha"],
+        dropout=settings["dropout"],
+        per_head=settings["per_head"],
+        n_head=_head_counts(model) if settings["per_head"] else None,
+    )
+    try:
+        arrays, _ = load_safetensors(adapters_dir / ADAPTERS)
+        load_lora_state_dict(model, arrays)
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{adapters_dir / ADAPTERS}: {e}") from e
+    model.to(device)
+    model.eval()
+    return model, tokenizer, settings
+
+
+def merge(adapters_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Fold saved adapters into their base and write a full checkpoint (no optimiser state),
+    or for a Hugging Face base, a Hugging Face directory (with the base's tokenizer.json).
+
+    ``out_dir`` is held as decoder.training.rundir describes: one holding a checkpoint is refused
+    unless ``overwrite``.
+    """
+    model, tokenizer, settings = load_adapted(adapters_dir)
+    merge_lora(model)
+    if "base_pretrained" in settings:
+        base_dir = Path(settings["base_pretrained"])
+        with claim_dir(out_dir, HF_FILES, CONFIG, overwrite=overwrite) as out_dir:
+            if (base_dir / TOKENIZER_JSON).is_file():
+                shutil.copyfile(base_dir / TOKENIZER_JSON, out_dir / TOKENIZER_JSON)
+            return save_pretrained(model, out_dir)
+    base = load_checkpoint(settings["base_checkpoint"], with_optimizer=False)
+    with claim_dir(out_dir, CHECKPOINT_FILES, LATEST, overwrite=overwrite) as out_dir:
+        return save_checkpoint(
+            out_dir,
+            step=base.step,
+            model_state=model.state_dict(),
+            model_config=base.model_config,
+            train_config=base.train_config,
+            tokenizer=tokenizer.to_dict(),
+            extra={"merged_adapters": str(Path(adapters_dir).resolve()), **settings},
+        )

@@ -156,5 +156,21 @@ def test_an_elementwise_kernel_runs_its_c_on_every_element_in_one_launch(fake_cu
     u = cp.empty((2, 3), dtype=np.float32)
     index(np.uint64(10), u)  # i: the element's row-major index
     assert u.tolist() == [[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]]
-    with pytest.raises(ValueError, match="arrays of one shape"):
+    with pytest.raises(ValueError, match="broadcast"):
         axpy(x, cp.ones(3), 1.0)
+
+
+def test_an_elementwise_kernel_broadcasts_its_inputs_and_returns_every_output(fake_cupy):
+    cp = fake_cupy
+    scale = cp.ElementwiseKernel("T x, T s", "T y, T z", "y = x * s; z = y + 1", "stand_in_two")
+    rows, col = cp.asarray(np.arange(6.0).reshape(2, 3)), cp.asarray([[1.0], [10.0]])
+    y, z = scale(rows, col)  # (2, 3) with (2, 1): i indexes the (2, 3) result
+    assert y.tolist() == [[0.0, 1.0, 2.0], [30.0, 40.0, 50.0]]
+    assert z.tolist() == [[1.0, 2.0, 3.0], [31.0, 41.0, 51.0]]
+    given = cp.empty((2, 3))
+    out = scale(rows.T.T, 2.0, given)  # as CuPy: the output passed in comes back too
+    assert out[0] is given and out[1].tolist() == [[1.0, 3.0, 5.0], [7.0, 9.0, 11.0]]
+    strided = cp.asarray(np.arange(12.0).reshape(2, 6))[:, ::2]  # not contiguous: read by index
+    assert scale(strided, 1.0)[0].tolist() == [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
+    with pytest.raises(ValueError, match="output's shape"):
+        scale(rows, col, cp.empty((3,)))

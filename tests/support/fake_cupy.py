@@ -201,6 +201,7 @@ class ndarray:  # noqa: N801 (CuPy's name)
     nbytes = property(lambda self: self._a.nbytes)
     strides = property(lambda self: self._a.strides)
     flags = property(lambda self: self._a.flags)
+    base = property(lambda self: None if self._a.base is None else ndarray._of(self._a.base))
     data = property(lambda self: types.SimpleNamespace(ptr=self._a.ctypes.data))  # the pointer
     T = property(lambda self: ndarray._of(self._a.T))
 
@@ -563,8 +564,9 @@ def _params(text: str) -> list[tuple[str, str]]:
 class ElementwiseKernel:
     """cupy.ElementwiseKernel on the CPU: ``operation`` (C, as CuPy takes it, with ``i`` the
     element's index) in a loop that g++ builds, on the arrays behind the device arrays, as one
-    launch. The subset the project uses: typed and ``T`` parameters, array and scalar inputs of
-    one shape, outputs passed in (written in place) or made; no ``raw``, no broadcasting."""
+    launch. The subset the project uses: typed and ``T`` parameters, array and scalar inputs
+    broadcast to one shape (as CuPy does; ``i`` indexes that shape), outputs of that shape passed
+    in (written in place, contiguous) or made; no ``raw``."""
 
     def __init__(self, in_params: str, out_params: str, operation: str, name: str = "kernel",
                  preamble: str = "") -> None:  # fmt: skip
@@ -574,9 +576,16 @@ class ElementwiseKernel:
     def __call__(self, *args: Any) -> Any:
         ins, outs = list(args[: len(self.ins)]), list(args[len(self.ins) :])
         arrays = [_dev(a) for a in [*ins, *outs] if isinstance(a, ndarray)]
-        shape = arrays[0].shape
-        if any(a.shape != shape for a in arrays):
-            raise ValueError(f"{self.name}: the stand-in needs arrays of one shape")
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        if any(_dev(a).shape != shape for a in outs if isinstance(a, ndarray)):
+            raise ValueError(f"{self.name}: an output's shape is not the broadcast {shape}")
+        # inputs as CuPy reads them: broadcast and strided ones through their index, here copies
+        ins = [
+            ndarray._of(np.ascontiguousarray(np.broadcast_to(a._a, shape)))
+            if isinstance(a, ndarray) and (a.shape != shape or not a._a.flags.c_contiguous)
+            else a
+            for a in ins
+        ]
         typed = [(t, a) for (t, _), a in zip(self.ins + self.outs, args, strict=False)]
         t_arrays = [_dev(a).dtype for t, a in typed if t == "T" and isinstance(a, ndarray)]
         t_dtype = t_arrays[0] if t_arrays else None  # T: the type of the first T array
@@ -592,21 +601,23 @@ class ElementwiseKernel:
             else:
                 values.append(_C_TYPES[dtype.name][1](value))
         kernel = self._build(
-            tuple(d.name for d in dtypes), tuple(isinstance(v, ndarray) for v in ins + outs)
+            tuple(d.name for d in dtypes),
+            tuple(isinstance(v, ndarray) for v in ins + outs),
+            np.dtype(t_dtype).name if t_dtype is not None else None,
         )
         kernel(ctypes.c_int64(int(np.prod(shape, dtype=np.int64))), *values)
         global bytes_allocated
         bytes_allocated += sum(m.nbytes for m in made)
         _launched(None)
-        return made[0] if len(made) == 1 else tuple(made) if made else None
+        return outs[0] if len(outs) == 1 else tuple(outs)  # as CuPy: every output, given or made
 
-    def _build(self, dtypes: tuple[str, ...], is_array: tuple[bool, ...]) -> Any:
+    def _build(self, dtypes: tuple[str, ...], is_array: tuple[bool, ...], t: str | None) -> Any:
         import hashlib
         import subprocess
 
         from minigrad.kernels.emulator import cache_dir
 
-        params, loads = ["long long n"], []
+        params, loads = ["long long size_"], []  # CuPy keeps i and _-names
         for k, ((_, name), dtype, array) in enumerate(
             zip(self.ins + self.outs, dtypes, is_array, strict=True)
         ):
@@ -619,10 +630,12 @@ class ElementwiseKernel:
             else:
                 params.append(f"{c}* {name}_")
                 loads.append(f"{c}& {name} = {name}_[i];")
+        typedef = f"typedef {_C_TYPES[t][0]} T;\n" if t else ""  # CuPy names the T type T
         source = (
-            f"#include <math.h>\n{self.preamble}\n"
+            f"#include <math.h>\n#define __device__\n{typedef}{self.preamble}\n"
             f'extern "C" void {self.name}({", ".join(params)}) {{\n'
-            f"  for (long long i = 0; i < n; ++i) {{ {' '.join(loads)} {self.operation}; }}\n}}\n"
+            f"  for (long long i = 0; i < size_; ++i) {{ {' '.join(loads)} {self.operation}; }}"
+            "\n}\n"
         )
         key = hashlib.sha256(source.encode()).hexdigest()[:16]
         folder = cache_dir() / "elementwise"

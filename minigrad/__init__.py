@@ -10,8 +10,10 @@ from minigrad.anomaly import AnomalyError, detect_anomaly
 from minigrad.autograd import Function, is_grad_enabled, no_grad
 from minigrad.backend import (
     cuda_available,
+    fused_kernels_enabled,
     get_float32_matmul_precision,
     set_float32_matmul_precision,
+    set_fused_kernels,
 )
 from minigrad.creation import (
     arange,
@@ -59,6 +61,7 @@ __all__ = [
     "float32",
     "float64",
     "full",
+    "fused_kernels_enabled",
     "get_float32_matmul_precision",
     "gradcheck",
     "int64",
@@ -72,6 +75,7 @@ __all__ = [
     "rand",
     "randn",
     "set_float32_matmul_precision",
+    "set_fused_kernels",
     "split",
     "stack",
     "take_along_axis",

@@ -109,17 +109,58 @@ def _apply_matmul_precision(cupy: ModuleType) -> None:
     )
 
 
+# ---- fused GPU kernels: one launch where the plain form launches several ----------------------
+_fused_kernels = True
+
+
+def set_fused_kernels(enabled: bool) -> None:
+    """Whether ops on the GPU run their fused kernels or the plain form a lesson shows.
+
+    On (the default), LayerNorm, exact GELU, dropout, softmax's backward and AdamW each run as
+    one or a few CUDA kernels (minigrad/kernels/fused.py) instead of one kernel per array
+    operation of their plain form: a baby-gpt training step launches a third as many kernels
+    (bench/gpu_step_counts.py). Off: the plain form, as on the CPU. The CPU always runs the
+    plain form (NumPy has no kernels to fuse). Both forms are tested equal to each other
+    (tests/minigrad/test_fused_kernels.py).
+
+    >>> set_fused_kernels(False); fused_kernels_enabled()
+    False
+    >>> set_fused_kernels(True)
+    """
+    global _fused_kernels
+    if not isinstance(enabled, bool):
+        raise ValueError(f"set_fused_kernels: enabled must be True or False, got {enabled!r}")
+    _fused_kernels = enabled
+
+
+def fused_kernels_enabled() -> bool:
+    return _fused_kernels
+
+
+def use_fused(array: Any) -> bool:
+    """True where ``array`` lives on the GPU and the fused kernels are switched on.
+
+    >>> use_fused(np.zeros(2))
+    False
+    """
+    return _fused_kernels and xp_of(array) is not np
+
+
 _elementwise: dict[tuple, Any] = {}
 
 
 def elementwise_kernel(
-    xp: ModuleType, in_params: str, out_params: str, operation: str, name: str
-) -> Any:
-    """CuPy's ElementwiseKernel for this C snippet, made once per CuPy module and name (CuPy
-    compiles it for each dtype on first call and keeps the binary)."""
-    key = (xp, name, operation)  # the module itself: an id could be reused by another
+    xp: ModuleType, in_params: str, out_params: str, operation: str, name: str,
+    preamble: str = "",
+) -> Any:  # fmt: skip
+    """CuPy's ElementwiseKernel for this C snippet (and the C functions in ``preamble`` that it
+    calls), made once per CuPy module and name (CuPy compiles it for each dtype on first call
+    and keeps the binary)."""
+    key = (xp, name, operation, preamble)  # the module itself: an id could be reused
     if key not in _elementwise:
-        _elementwise[key] = xp.ElementwiseKernel(in_params, out_params, operation, name)
+        _elementwise[key] = xp.ElementwiseKernel(
+            in_params, out_params, operation, name, preamble=preamble
+        )
     return _elementwise[key]
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minigrad.backend import elementwise_kernel, to_numpy, xp_of
+from minigrad.backend import elementwise_kernel, to_numpy, use_fused, xp_of
 from minigrad.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -238,7 +238,8 @@ class AdamW(Optimizer):
     ``fused``: the whole update as one elementwise CUDA kernel per parameter (``_ADAMW_KERNEL``)
     instead of a dozen array operations that each launch their own (855 launches of a baby-gpt
     step's optimiser, bench/gpu_step_counts.py). None, the default: fused where a parameter is
-    on the GPU; False: the plain form everywhere. The CPU always runs the plain form.
+    on the GPU and ``minigrad.set_fused_kernels`` leaves the fused kernels on; False: the plain
+    form everywhere. The CPU always runs the plain form.
     """
 
     # subtle: eps > 0, not PyTorch's eps >= 0: with eps = 0 a zero gradient makes 0 / 0 = NaN
@@ -277,7 +278,7 @@ class AdamW(Optimizer):
             state.update(step=0, exp_avg=xp.zeros_like(p), exp_avg_sq=xp.zeros_like(p))
         state["step"] += 1
         t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
-        if self.fused is None and xp is not np and _fusable(p, grad):
+        if self.fused is None and use_fused(p) and _fusable(p, grad):
             step_size, bias2_sqrt = lr / (1 - b1**t), math.sqrt(1 - b2**t)
             kernel = elementwise_kernel(xp, *_ADAMW_KERNEL)
             kernel(grad, 1 - lr * wd, b1, b2, 1 - b1, 1 - b2, step_size, bias2_sqrt, eps, p, m, v)

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from minigrad.autograd import Function
-from minigrad.backend import xp_of
+from minigrad.backend import use_fused, xp_of
 from minigrad.functional.erf import erfc
 from minigrad.functional.inputs import check_floating
+from minigrad.kernels import fused
 from minigrad.tensor import Tensor
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # the tanh form's scale, sqrt(2 / pi)
@@ -154,17 +155,23 @@ class GeluExact(Function):
     """y = x Phi(x),  Phi(x) = erfc(-x / sqrt 2) / 2, the standard normal CDF.
 
     Backward: dy/dx = Phi(x) + x phi(x), with phi(x) = e^(-x^2/2) / sqrt(2 pi) = Phi'(x); the
-    forward computes phi anyway (the float32 Phi needs it) and keeps it.
+    forward computes phi anyway (the float32 Phi needs it) and keeps it. With the GPU's fused
+    kernels, each pass is one kernel that computes Phi and phi itself, and only x is kept.
     """
 
     @staticmethod
     def forward(ctx, x):
+        if use_fused(x) and fused.fusable(x):
+            ctx.save_for_backward(x)
+            return fused.gelu_forward(x)
         cdf, pdf = normal_cdf_pdf(x)
         ctx.save_for_backward(x, cdf, pdf)
         return x * cdf
 
     @staticmethod
     def backward(ctx, grad_out):
+        if len(ctx.saved) == 1:  # the fused form
+            return fused.gelu_backward(grad_out, ctx.saved[0])
         x, cdf, pdf = ctx.saved
         xp = xp_of(x)
         grad_x = xp.empty(x.shape, x.dtype)

@@ -24,8 +24,9 @@ import numpy as np
 
 from minigrad import creation
 from minigrad.autograd import Function
-from minigrad.backend import elementwise_kernel, xp_of
+from minigrad.backend import elementwise_kernel, use_fused, xp_of
 from minigrad.functional.inputs import check_floating
+from minigrad.kernels import fused
 from minigrad.tensor import Tensor
 
 
@@ -33,16 +34,25 @@ class Dropout(Function):
     """y = x * m,  m = keep / (1 - p) with keep a 0/1 mask;  dy/dx = m.
 
     The mask arrives as a parameter (drawn by ``dropout``), so the Function itself is
-    deterministic: gradient flows only through the kept elements, scaled as they were.
+    deterministic: gradient flows only through the kept elements, scaled as they were. With
+    the GPU's fused kernels the mask arrives as its ``seed`` and ``p`` instead: the forward and
+    the backward each compute it again inside one kernel (kernels/fused.py), so no mask is
+    stored and neither pass launches more than that kernel.
     """
 
     @staticmethod
-    def forward(ctx, x, mask=None):
+    def forward(ctx, x, mask=None, seed=None, p=None):
+        if mask is None:  # the fused form
+            ctx.save_for_backward()  # nothing: the seed is the mask
+            ctx.seed, ctx.p, ctx.scale = seed, p, x.dtype.type(1.0 / (1.0 - p))
+            return fused.dropout(x, seed, p, ctx.scale)
         ctx.save_for_backward(mask)
         return x * mask
 
     @staticmethod
     def backward(ctx, grad_out):
+        if ctx.saved == ():  # the fused form: the mask again from its seed
+            return fused.dropout(grad_out, ctx.seed, ctx.p, ctx.scale)
         (mask,) = ctx.saved
         return grad_out * mask
 
@@ -74,29 +84,9 @@ def keep_mask(shape: tuple[int, ...], p: float, rng: np.random.Generator, like: 
         return rng.random(shape, dtype=np.float32) >= p
     seed = int(rng.integers(2**63))  # one host draw per call keeps the stream reproducible
     keep = xp.empty(shape, dtype=bool)
-    mask_kernel = elementwise_kernel(xp, *_MASK_KERNEL)
-    mask_kernel(np.uint64(seed), np.float32(p), keep)  # counter_uniform(...) >= p
+    mask_kernel = elementwise_kernel(xp, *fused.MASK)
+    mask_kernel(np.uint64(seed), np.float32(p), keep)  # counter_uniform(...) >= p, one kernel
     return keep
-
-
-# splitmix64's constants: the golden-ratio step between counters and the two mixing multipliers
-_STEP, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-
-# counter_uniform(seed, shape) >= p as one CUDA kernel (CuPy's ElementwiseKernel, i the
-# element's index) instead of a dozen array operations: the same integer arithmetic, so the
-# same mask bit for bit; 5.9604644775390625e-08 is 2^-24.
-_MASK_KERNEL = (
-    "uint64 seed, float32 p",
-    "bool keep",
-    f"""
-    unsigned long long z = seed + (unsigned long long)(i + 1) * {_STEP:#x}ull;
-    z = (z ^ (z >> 30)) * {_MIX1:#x}ull;
-    z = (z ^ (z >> 27)) * {_MIX2:#x}ull;
-    z = z ^ (z >> 31);
-    keep = (float)(z >> 40) * 5.9604644775390625e-08f >= p;
-    """,
-    "minigrad_dropout_mask",
-)
 
 
 def counter_uniform(seed: int, shape: tuple[int, ...], xp: Any = np) -> Any:
@@ -114,9 +104,9 @@ def counter_uniform(seed: int, shape: tuple[int, ...], xp: Any = np) -> Any:
     """
     n = int(np.prod(shape, dtype=np.int64))
     u64 = np.uint64
-    z = xp.arange(1, n + 1, dtype=u64) * u64(_STEP) + u64(seed)
-    z = (z ^ (z >> u64(30))) * u64(_MIX1)
-    z = (z ^ (z >> u64(27))) * u64(_MIX2)
+    z = xp.arange(1, n + 1, dtype=u64) * u64(fused.STEP) + u64(seed)
+    z = (z ^ (z >> u64(30))) * u64(fused.MIX1)
+    z = (z ^ (z >> u64(27))) * u64(fused.MIX2)
     z = z ^ (z >> u64(31))
     return ((z >> u64(40)).astype(np.float32) * np.float32(2.0**-24)).reshape(shape)
 
@@ -142,6 +132,8 @@ def dropout(
     if p == 1.0:  # subtle: 1 / (1 - p) is inf here, and 0 * inf would be nan
         return Dropout.apply(x, mask=xp_of(x.data).zeros(x.shape, dtype=x.dtype))
     rng = rng if rng is not None else creation.default_rng()
+    if use_fused(x.data) and fused.fusable(x.data):  # the draw keep_mask makes: the same mask
+        return Dropout.apply(x, seed=int(rng.integers(2**63)), p=p)
     mask = keep_mask(x.shape, p, rng, x.data)
     scale = x.dtype.type(1.0 / (1.0 - p))  # in x's dtype, so a float32 x stays float32
     return Dropout.apply(x, mask=mask * scale)  # the bool mask times a scalar: 0 or 1/(1-p)

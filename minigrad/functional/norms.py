@@ -14,9 +14,10 @@ and rms_norm; the default eps values are the ones the decoder uses (1e-5 and 1e-
 from __future__ import annotations
 
 from minigrad.autograd import Function
-from minigrad.backend import xp_of
+from minigrad.backend import use_fused, xp_of
 from minigrad.functional.inputs import check_floating, check_same_dtype
 from minigrad.functional.rows import dot_last, sum_last, sum_rows, widen
+from minigrad.kernels import fused
 from minigrad.tensor import Tensor
 
 
@@ -45,12 +46,17 @@ class LayerNorm(Function):
     def forward(ctx, x, *affine, eps=1e-5, has_weight=True, has_bias=True):
         dtype, (x, *affine) = x.dtype, map(widen, (x, *affine))  # float32 at least
         weight, bias = _split_affine(affine, has_weight, has_bias)
+        ctx.has_bias, ctx.eps, ctx.fused = has_bias, eps, False
+        if weight is not None and use_fused(x) and fused.fusable(x, *affine):
+            y, xhat, sumsq = fused.layer_norm_forward(x, weight, bias, eps)  # 4 kernels, not 10
+            ctx.save_for_backward(xhat, sumsq, weight)  # r from the rows' sums of squares
+            ctx.fused = True
+            return y.astype(dtype, copy=False)
         n = x.shape[-1] or 1  # subtle: rows of no features sum to 0; 0 / 1 keeps 0 / 0 away
         xhat = x - sum_last(x) / n  # centred: a fresh array, normalised in place below
         rstd = 1.0 / xp_of(x).sqrt(dot_last(xhat, xhat) / n + eps)  # (..., C) -> (..., 1)
         xhat *= rstd
         ctx.save_for_backward(xhat, rstd, weight)
-        ctx.has_bias = has_bias
         if weight is None:
             y = xhat + bias if bias is not None else xhat
         else:
@@ -63,6 +69,8 @@ class LayerNorm(Function):
     def backward(ctx, grad_out):
         xhat, rstd, weight = ctx.saved
         grad_out = widen(grad_out)  # the engine casts the gradients back to the inputs' dtype
+        if ctx.fused:  # 6 kernels, not 12 (rstd holds the rows' sums of squares here)
+            return fused.layer_norm_backward(grad_out, xhat, rstd, weight, ctx.eps, ctx.has_bias)
         n = xhat.shape[-1] or 1  # as in the forward
         if weight is None:
             g = grad_out.copy()  # ours to overwrite

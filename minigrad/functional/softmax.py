@@ -20,9 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from minigrad.autograd import Function
-from minigrad.backend import xp_of
+from minigrad.backend import use_fused, xp_of
 from minigrad.functional.inputs import check_floating
 from minigrad.functional.rows import dot_last, exp_shifted, sum_last, widen
+from minigrad.kernels import fused
 from minigrad.tensor import Tensor
 
 
@@ -57,6 +58,8 @@ class Softmax(Function):
     def backward(ctx, grad_out):
         (y,) = ctx.saved
         grad_out = _to_last(widen(grad_out), ctx.axis)  # the engine casts grad_x back to x's
+        if use_fused(y) and fused.fusable(y, grad_out):  # one kernel after the row sums
+            return _from_last(fused.softmax_backward(grad_out, y, dot_last(grad_out, y)), ctx.axis)
         grad_x = grad_out - dot_last(grad_out, y)  # g_k - sum_i g_i y_i
         grad_x *= y
         return _from_last(grad_x, ctx.axis)

@@ -20,6 +20,7 @@ Follows the design of minitorch (``autodiff.py``) and tinygrad v0.8 (``mlops.py`
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -258,7 +259,14 @@ def backward(
             input_grads = (input_grads,)
         if anomaly_hook is not None:
             anomaly_hook("backward", ctx.fn, ctx, (grad_out,), input_grads)
-        for t, need, g in zip(ctx.inputs, ctx.needs_input_grad, input_grads, strict=True):
+        if len(input_grads) != len(ctx.inputs):
+            raise ValueError(
+                f"{ctx.fn.__name__}.backward returned {len(input_grads)} gradients for "
+                f"{len(ctx.inputs)} inputs: return one per input (None where none is needed)"
+            )
+        input_grads = list(input_grads)  # emptied as we go: see _accumulate_leaf's `owned`
+        for k, (t, need) in enumerate(zip(ctx.inputs, ctx.needs_input_grad, strict=True)):
+            g, input_grads[k] = input_grads[k], None
             if not need or g is None:
                 continue
             if g.shape != t.data.shape:
@@ -269,7 +277,9 @@ def backward(
             if isinstance(g, np.generic):  # NumPy math on 0-d arrays gives scalars: keep arrays
                 g = np.asarray(g)
             if t._ctx is None:
-                _accumulate_leaf(t, g, into)
+                # subtle: counted before the call below, whose arguments would hold g too
+                owned = _refcount(g) == _REFS_OF_A_LOCAL
+                _accumulate_leaf(t, g, into, owned)
             else:
                 key = id(t)
                 # subtle: never add in place: g may be the very array another input received.
@@ -278,15 +288,38 @@ def backward(
             ctx.release()
 
 
-def _accumulate_leaf(t: Tensor, g: Any, into: dict | None = None) -> None:
+def _accumulate_leaf(t: Tensor, g: Any, into: dict | None = None, owned: bool = False) -> None:
+    """Add ``g`` into the leaf's gradient (or into ``into``), taking ``g`` itself as the first
+    gradient when ``owned`` says the engine holds the only reference to it.
+
+    Otherwise the first gradient is a copy: g may be shared with another input (Add passes one
+    array to both), held elsewhere (a view, a saved array, the caller's ``grad``) or read-only,
+    and the leaf's .grad is written in place later (the next accumulation, clipping). PyTorch's
+    AccumulateGrad has the same rule: it steals a gradient nothing else references. Taking it
+    saves a copy of every parameter per step (on a GPU, one kernel launch each).
+    """
+    owned = owned and g.base is None and getattr(g.flags, "writeable", True)  # CuPy: no flag
     if into is not None:
         if id(t) in into:
             into[id(t)][1][...] += g
         else:
-            into[id(t)] = (t, g.copy())  # a copy, as below
+            into[id(t)] = (t, g if owned else g.copy())
         return
     if t.grad is None:
-        # a copy: g may be shared with another input (Add passes one array to both) or read-only
-        t.grad = g.copy()
+        t.grad = g if owned else g.copy()
     else:
         t.grad += g
+
+
+def _refcount(a: Any) -> int:
+    return sys.getrefcount(a)
+
+
+def _refs_of_a_local() -> int:
+    """What ``_refcount`` reports for an object that one local name alone refers to: the
+    engine compares with this instead of a number that the Python version decides."""
+    a = np.empty(0)
+    return _refcount(a)
+
+
+_REFS_OF_A_LOCAL = _refs_of_a_local()

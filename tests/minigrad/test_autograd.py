@@ -7,6 +7,8 @@ refuses a second backward unless ``retain_graph=True``.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -297,6 +299,69 @@ def test_leaf_grad_is_writable_after_a_broadcast_backward():
     x.sum().backward()  # Sum's backward is a read-only broadcast view
     x.grad *= 2.0
     assert x.grad.tolist() == [2.0, 2.0]
+
+
+class _Returns(mg.Function):
+    """y = x; its backward returns what the test chose: a fresh array, grad_out itself, a view
+    of it, or an array the Function keeps (a saved one, or one outside the graph)."""
+
+    @staticmethod
+    def forward(ctx, x, kind="fresh", held=None):
+        ctx.kind, ctx.held = kind, held
+        ctx.save_for_backward(x.copy())
+        return x.copy()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if ctx.kind == "fresh":
+            return grad_out * 1.0
+        if ctx.kind == "grad_out":
+            return grad_out
+        if ctx.kind == "view":
+            return (grad_out * 1.0)[::1]
+        if ctx.kind == "saved":
+            return ctx.saved[0]
+        return ctx.held
+
+
+def test_a_leaf_takes_a_fresh_gradient_without_copying_it():
+    x = _leaf(1.0, 2.0)
+    seen = []
+    real = _Returns.backward
+
+    def spy(ctx, grad_out):
+        g = real(ctx, grad_out)
+        seen.append(weakref.ref(g))  # a weak reference: it does not count as a holder
+        return g
+
+    _Returns.backward = staticmethod(spy)
+    try:
+        _Returns.apply(x).sum().backward()
+    finally:
+        _Returns.backward = staticmethod(real)
+    assert x.grad is seen[0]()  # the engine held the only other reference: no copy was needed
+
+
+@pytest.mark.parametrize("kind", ["grad_out", "view", "saved", "held"])
+def test_a_leaf_copies_a_gradient_that_something_else_holds(kind):
+    held = np.array([5.0, 6.0])
+    x = _leaf(1.0, 2.0)
+    y = _Returns.apply(x, kind=kind, held=held)
+    upstream = np.array([1.0, 1.0])
+    y.backward(upstream, retain_graph=True)
+    x.grad += 100.0  # in place, as an optimizer or clipping would
+    assert upstream.tolist() == [1.0, 1.0] and held.tolist() == [5.0, 6.0]
+    y.backward(upstream)  # the graph's arrays are as they were: the second pass adds the same
+    want = {"grad_out": 1.0, "view": 1.0, "saved": None, "held": None}[kind]
+    first = [want] * 2 if want is not None else ([1.0, 2.0] if kind == "saved" else [5.0, 6.0])
+    assert x.grad.tolist() == [2 * v + 100.0 for v in first]
+
+
+def test_a_root_leaf_copies_the_caller_s_gradient():
+    x, g = _leaf(1.0, 2.0), np.array([3.0, 4.0])
+    x.backward(g)
+    x.grad *= 2.0
+    assert g.tolist() == [3.0, 4.0] and x.grad.tolist() == [6.0, 8.0]
 
 
 # ---- unbroadcast -----------------------------------------------------------------------------

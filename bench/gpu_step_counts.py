@@ -9,7 +9,11 @@ of layers and heads and on the code path, not on the widths, so they say what th
 on a GPU in launches: at a few microseconds each, 3,000 launches are about 10 ms a step before
 any arithmetic (the H200 ran baby-gpt at 77-80 ms a step, nanoGPT at 14; issue 26).
 
-    python bench/gpu_step_counts.py [--steps 2] [--set FIELD=VALUE ...]
+    python bench/gpu_step_counts.py [--steps 2] [--set FIELD=VALUE ...] [--sites 30]
+
+``--sites N`` also prints the N lines of minigrad and decoder that launch the most kernels in
+that step (each launch charged to the innermost such line and the one that called it): where
+the next fusion pays.
 
 What the stand-in counts as one launch: each operator, CuPy function, reduction, copy and
 ``add.at`` on device arrays, each RawKernel call and each random draw; views (reshapes,
@@ -19,8 +23,10 @@ transposes, basic slices) and ``empty`` count none, as on CuPy.
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +58,42 @@ def snapshot(cupy: Any) -> dict[str, int]:
     return {name: getattr(cupy, name) for name in (*COUNTERS, "bytes_allocated")}
 
 
+def count_sites(cupy: Any, sites: collections.Counter, on: list[bool]) -> None:
+    """Charge each launch made while ``on[0]`` to the two innermost minigrad/decoder lines of
+    the stack that made it, in ``sites`` (the stand-in's launch counter, wrapped)."""
+    launched = cupy._launched
+
+    def counted(*args: Any) -> Any:
+        before = cupy.kernel_launches
+        result = launched(*args)
+        if on[0] and cupy.kernel_launches != before:
+            ours = [
+                f for f in traceback.extract_stack()[:-1]
+                if "/minigrad/" in f.filename or "/decoder/" in f.filename
+            ]  # fmt: skip
+            where = [f"{Path(f.filename).relative_to(ROOT)}:{f.lineno} {f.name}" for f in ours]
+            sites[" <- ".join(where[::-1][:2])] += cupy.kernel_launches - before
+        return result
+
+    cupy._launched = counted
+
+
 def step_counts(
     preset: str = "baby-gpt",
     steps: int = 2,
     overrides: dict[str, str] | None = None,
     cupy: Any = None,
+    sites: collections.Counter | None = None,
     **extra: Any,
 ) -> dict[str, dict]:
     """Counts of the last of ``steps`` training steps, by phase: {"forward": {...}, ...};
     ``overrides`` as text (the command line's --set), ``extra`` typed. ``cupy``: the stand-in
-    already installed (the tests' fixture), else it is installed for this process."""
+    already installed (the tests' fixture), else it is installed for this process. ``sites``:
+    a Counter that receives the last step's launches by the lines that made them."""
     cupy = cupy or install_stand_in()
+    last_step = [False]
+    if sites is not None:
+        count_sites(cupy, sites, last_step)
     import decoder.training.step as step_module
     from decoder.model.model import Decoder
     from decoder.training.config import build_configs
@@ -93,6 +124,7 @@ def step_counts(
         for step in range(1, steps + 1):
             x = rng.integers(0, model_cfg.vocab_size, (train_cfg.batch_size, model_cfg.block_size))
             marks["start"] = snapshot(cupy)
+            last_step[0] = step == steps
             train_step(
                 model, optimizer, x, np.roll(x, -1, axis=1), train_cfg, step, loss_fn=forward
             )
@@ -131,9 +163,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default="baby-gpt")
     p.add_argument("--steps", type=int, default=2, help="count the last of these steps")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument("--sites", type=int, default=0, metavar="N", help="the N busiest lines")
     args = p.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
-    print(report(step_counts(args.preset, args.steps, overrides)))
+    sites: collections.Counter = collections.Counter()
+    print(report(step_counts(args.preset, args.steps, overrides, sites=sites)))
+    if args.sites:
+        print(f"\nthe {args.sites} lines that launch the most kernels in that step:")
+        for where, n in sites.most_common(args.sites):
+            print(f"{n:6d}  {where}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ FlashAttention-2, for the tiled path.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Any
@@ -222,20 +223,14 @@ def naive_attention(
     # Scaling q (T x hs numbers) instead of the scores (T x S) is the same math, one T x S
     # temporary fewer.
     scores = (qg * score_scale(hs)) @ kg.swapaxes(-1, -2)  # -> (B, n_kv, g, T, S)
-    offset = S - T  # queries are the last T of the S positions
-    i_abs = (offset + xp.arange(T))[:, None]  # (T, 1) absolute position of each query
-    j = xp.arange(S)[None, :]  # (1, S) position of each key
     if alibi_slopes is not None:
-        distance = xp.abs(i_abs - j).astype(q.dtype)  # (T, S)
-        bias = -alibi_slopes.reshape(n_kv, group, 1, 1) * distance  # -> (n_kv, g, T, S)
-        scores = scores + bias  # a constant: broadcast over the batch
-    if causal:
+        bias = score_bias(xp, T, S, alibi_slopes, q.dtype)  # (nh, T, S)
+        scores = scores + bias.reshape(n_kv, group, T, S)  # a constant: broadcast over batch
+    hidden = hidden_keys(xp, T, S, causal, window)  # (T, S) or None
+    if hidden is not None:
         # -inf, not a large negative number: exp gives exactly 0, so a masked key gets
         # exactly zero weight and zero gradient. No row is fully masked since S >= T, and a
         # window always leaves the query's own position.
-        hidden = j > i_abs  # (T, S)
-        if window is not None:
-            hidden = hidden | (j <= i_abs - window)  # the band: i - W < j <= i
         scores = scores.masked_fill(hidden, -math.inf)  # (T, S) mask broadcast
     att = softmax(scores, axis=-1)  # (B, n_kv, g, T, S), rows sum to 1
     if training and dropout_p > 0:
@@ -295,35 +290,50 @@ class DenseAttention(Function):
         return dq.reshape(B, nh, T, hs), dk, dv
 
 
+def positions(xp: Any, T: int, S: int) -> tuple[Any, Any]:
+    """(i, j): the absolute position (T, 1) of each query, the last T of the S positions, and
+    the position (1, S) of each key.
+
+    >>> [a.tolist() for a in positions(np, 2, 3)]
+    [[[1], [2]], [[0, 1, 2]]]
+    """
+    return (S - T + xp.arange(T))[:, None], xp.arange(S)[None, :]
+
+
 def score_bias(xp: Any, T: int, S: int, alibi_slopes: Any, dtype: Any) -> Any:
-    """ALiBi's bias (nh, T, S) on the scores: -slopes[h] * |S - T + i - j|.
+    """ALiBi's bias (nh, T, S) on the scores: -slopes[h] * |i - j|.
 
     >>> score_bias(np, 2, 3, np.array([0.5]), np.float32).tolist()
     [[[-0.5, -0.0, -0.5], [-1.0, -0.5, -0.0]]]
     """
-    i_abs = (S - T + xp.arange(T))[:, None]  # (T, 1) absolute position of each query
-    j = xp.arange(S)[None, :]  # (1, S) position of each key
-    distance = xp.abs(i_abs - j).astype(dtype)  # (T, S)
+    i, j = positions(xp, T, S)
+    distance = xp.abs(i - j).astype(dtype)  # (T, S)
     return -alibi_slopes.astype(dtype).reshape(-1, 1, 1) * distance  # (nh, 1, 1) -> (nh, T, S)
 
 
 def hidden_keys(xp: Any, T: int, S: int, causal: bool, window: int | None) -> Any:
     """The keys each query may not see, a boolean (T, S), or None without the causal mask.
 
-    Causal: j > S - T + i; with a window W also j <= S - T + i - W (the band i - W < j <= i).
+    Causal: j > i; with a window W also j <= i - W (the band i - W < j <= i). The mask depends
+    on the shapes alone, so it is made once per shape and then reused (every layer of every
+    step asks for the same one; nanoGPT keeps it as a buffer): read-only, as it is shared.
 
     >>> hidden_keys(np, 2, 3, True, None).tolist()
     [[False, False, True], [False, False, False]]
     >>> hidden_keys(np, 3, 3, True, 1).astype(int).tolist()
     [[0, 1, 1], [1, 0, 1], [1, 1, 0]]
     """
-    if not causal:
-        return None
-    i_abs = (S - T + xp.arange(T))[:, None]  # (T, 1) absolute position of each query
-    j = xp.arange(S)[None, :]  # (1, S) position of each key
-    hidden = j > i_abs  # (T, S)
+    return _hidden_keys(xp, T, S, window) if causal else None
+
+
+@functools.lru_cache(maxsize=16)  # a decoding loop's growing S makes a new one per token
+def _hidden_keys(xp: Any, T: int, S: int, window: int | None) -> Any:
+    i, j = positions(xp, T, S)
+    hidden = j > i  # (T, S)
     if window is not None:
-        hidden |= j <= i_abs - window  # the band: i - W < j <= i
+        hidden |= j <= i - window  # the band: i - W < j <= i
+    if xp is np:
+        hidden.flags.writeable = False  # CuPy arrays have no such flag
     return hidden
 
 

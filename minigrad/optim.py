@@ -109,15 +109,36 @@ class Optimizer:
         for _, p, _ in self._indexed():
             p.grad = None
 
-    def step(self) -> None:
-        """Update every parameter that has a gradient, in place."""
+    def step(self, grad_scale: float = 1.0) -> None:
+        """Update every parameter that has a gradient, in place.
+
+        ``grad_scale``: update as if each gradient had been multiplied by it first, leaving
+        .grad as it is: clipping's factor (``clip_scale``) handed to the optimiser, so that
+        AdamW's fused kernel applies it in the launch it makes anyway instead of one more
+        launch per gradient (``clip_grad_norm_`` then ``step()`` gives the same update).
+        """
+        if not (isinstance(grad_scale, numbers.Real) and 0.0 <= grad_scale < math.inf):
+            raise ValueError(
+                f"{type(self).__name__}.step: grad_scale must be finite and >= 0, got "
+                f"{grad_scale!r} (the factor every gradient is multiplied by)"
+            )
         for i, p, group in self._indexed():
-            if p.grad is not None:
-                self.update(p.data, p.grad, group, self.state.setdefault(i, {}))
+            if p.grad is None:
+                continue
+            state = self.state.setdefault(i, {})
+            if grad_scale == 1.0:
+                self.update(p.data, p.grad, group, state)
+            else:
+                self.update_scaled(p.data, p.grad, grad_scale, group, state)
 
     def update(self, p: Any, grad: Any, group: dict[str, Any], state: dict[str, Any]) -> None:
         """Change the array ``p`` in place, given its gradient, settings and state."""
         raise NotImplementedError
+
+    def update_scaled(self, p: Any, grad: Any, grad_scale: float, group: dict, state: dict) -> None:
+        """``update`` with the gradient ``grad * grad_scale``: one more array operation here; an
+        optimiser that can fold the factor into its own arithmetic overrides this."""
+        self.update(p, grad * grad.dtype.type(grad_scale), group, state)
 
     # ---- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -270,7 +291,10 @@ class AdamW(Optimizer):
         super().__init__(params, defaults)
         self.fused = fused
 
-    def update(self, p, grad, group, state):
+    def update_scaled(self, p, grad, grad_scale, group, state):
+        self.update(p, grad, group, state, grad_scale)  # in the fused kernel's one launch
+
+    def update(self, p, grad, group, state, grad_scale=1.0):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         b1, b2 = group["betas"]
         xp = xp_of(p)
@@ -281,8 +305,11 @@ class AdamW(Optimizer):
         if self.fused is None and use_fused(p) and _fusable(p, grad):
             step_size, bias2_sqrt = lr / (1 - b1**t), math.sqrt(1 - b2**t)
             kernel = elementwise_kernel(xp, *_ADAMW_KERNEL)
-            kernel(grad, 1 - lr * wd, b1, b2, 1 - b1, 1 - b2, step_size, bias2_sqrt, eps, p, m, v)
+            args = (1 - lr * wd, b1, b2, 1 - b1, 1 - b2, step_size, bias2_sqrt, eps)
+            kernel(grad, grad_scale, *args, p, m, v)
             return
+        if grad_scale != 1.0:  # from update_scaled: the product first, .grad left as it is
+            grad = grad * grad.dtype.type(grad_scale)
         if wd:
             p *= 1 - lr * wd
         # in place through two scratch arrays, not a temporary per operation, each rounding
@@ -306,9 +333,11 @@ class AdamW(Optimizer):
 # T (CuPy casts the Python-float settings to the parameter's dtype, as NumPy does); on a GPU
 # nvcc contracts a * b + c into one fused multiply-add, so the last bit may differ.
 _ADAMW_KERNEL = (
-    "T g, T decay, T b1, T b2, T one_minus_b1, T one_minus_b2, T step_size, T bias2_sqrt, T eps",
+    "T grad, T grad_scale, T decay, T b1, T b2, T one_minus_b1, T one_minus_b2, T step_size, "
+    "T bias2_sqrt, T eps",
     "T p, T m, T v",
     """
+    T g = grad * grad_scale;  // clipping's factor (1: exact, the gradient as it is)
     p = p * decay;
     v = v * b2 + g * g * one_minus_b2;
     m = m * b1 + g * one_minus_b1;
@@ -344,14 +373,34 @@ def clip_grad_norm_(params: Iterable[Tensor] | Tensor, max_norm: float) -> float
     """Scale all gradients together so their global L2 norm is at most ``max_norm``, in place.
 
     Returns the norm before clipping. As ``torch.nn.utils.clip_grad_norm_``: the scale is
-    max_norm / (norm + 1e-6), applied only when it is below 1.
+    max_norm / (norm + 1e-6), applied only when it is below 1. A training step can instead hand
+    ``clip_scale(grad_norm(params), max_norm)`` to ``optimizer.step(grad_scale=...)``: the same
+    update, without a pass over every gradient first.
 
     >>> import numpy as np
     >>> p = Tensor(np.zeros(2), requires_grad=True); p.grad = np.array([3.0, 4.0])
     >>> clip_grad_norm_([p], max_norm=1.0), p.grad.round(4).tolist()
     (5.0, [0.6, 0.8])
     """
-    params = [params] if isinstance(params, Tensor) else params
+    params = [params] if isinstance(params, Tensor) else list(params)
+    norm = grad_norm(params)
+    scale = clip_scale(norm, max_norm)
+    if scale < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad *= scale
+    return norm
+
+
+def grad_norm(params: Iterable[Tensor]) -> float:
+    """The global L2 norm of the gradients of ``params`` (0.0 when none has one), read to the
+    host once.
+
+    >>> import numpy as np
+    >>> p = Tensor(np.zeros(2), requires_grad=True); p.grad = np.array([3.0, 4.0])
+    >>> grad_norm([p])
+    5.0
+    """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
@@ -362,12 +411,18 @@ def clip_grad_norm_(params: Iterable[Tensor] | Tensor, max_norm: float) -> float
     else:  # one copy and one dot on the GPU, not a dot and an add (two launches) per gradient
         flat = xp.concatenate([g.ravel() for g in grads])
         squares = xp.vdot(flat, flat)
-    norm = float(xp.sqrt(squares))
+    return float(xp.sqrt(squares))
+
+
+def clip_scale(norm: float, max_norm: float) -> float:
+    """The factor clipping multiplies every gradient by: max_norm / (norm + 1e-6), or 1.0 when
+    that is not below 1 (PyTorch's rule).
+
+    >>> clip_scale(5.0, 1.0) < 1.0, clip_scale(0.5, 1.0)
+    (True, 1.0)
+    """
     scale = max_norm / (norm + 1e-6)
-    if scale < 1.0:
-        for g in grads:
-            g *= scale
-    return norm
+    return scale if scale < 1.0 else 1.0
 
 
 # ---- learning-rate schedules: plain functions of the step --------------------------------------

@@ -10,12 +10,15 @@ import pytest
 
 import minigrad as mg
 from minigrad import nn
+from minigrad.backend import to_numpy
 from minigrad.optim import (
     SGD,
     AdamW,
     clip_grad_norm_,
+    clip_scale,
     constant_lr,
     cosine_lr,
+    grad_norm,
     param_groups_for_decay,
     set_lr,
 )
@@ -296,3 +299,71 @@ def test_fused_adamw_on_the_device_takes_the_plain_form_s_steps(fake_cupy, dtype
 def test_fused_adamw_is_refused_by_any_other_name():
     with pytest.raises(ValueError, match="fused=True: None"):
         AdamW([mg.zeros(2, requires_grad=True)], fused=True)
+
+
+# ---- clipping's factor handed to the step -----------------------------------------------------
+def _clip_then_step(make, grads, max_norm, folded, device="cpu", xp=np):
+    """Parameters after two steps: clip_grad_norm_ then step(), or step(grad_scale=...)."""
+    rng = np.random.default_rng(1)
+    ps = [mg.tensor(rng.standard_normal(g.shape), device=device).requires_grad_() for g in grads]
+    opt = make(ps)
+    for _ in range(2):
+        for p, g in zip(ps, grads, strict=True):
+            p.grad = xp.asarray(g.copy())
+        if folded:
+            opt.step(grad_scale=clip_scale(grad_norm(ps), max_norm))
+            for p, g in zip(ps, grads, strict=True):  # each .grad as it was given
+                np.testing.assert_array_equal(to_numpy(p.grad), g)
+        else:
+            clip_grad_norm_(ps, max_norm)
+            opt.step()
+    return [p.numpy() for p in ps]
+
+
+OPTIMIZERS = {
+    "adamw": lambda ps: AdamW(ps, lr=0.1, weight_decay=0.1),
+    "sgd": lambda ps: SGD(ps, lr=0.1, momentum=0.9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])  # clipped, and not
+def test_step_with_clipping_s_factor_is_clipping_then_stepping_bit_for_bit(name, max_norm):
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal((3, 4)), rng.standard_normal(5), np.array(2.0)]
+    folded = _clip_then_step(OPTIMIZERS[name], grads, max_norm, folded=True)
+    clipped = _clip_then_step(OPTIMIZERS[name], grads, max_norm, folded=False)
+    for a, b in zip(folded, clipped, strict=True):
+        np.testing.assert_array_equal(a, b)  # the same product, then the same update
+
+
+def test_the_fused_adamw_takes_clipping_s_factor_in_its_one_launch(fake_cupy):
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
+    folded = _clip_then_step(OPTIMIZERS["adamw"], grads, 0.5, True, "cuda", fake_cupy)
+    clipped = _clip_then_step(OPTIMIZERS["adamw"], grads, 0.5, False, "cuda", fake_cupy)
+    for a, b in zip(folded, clipped, strict=True):
+        np.testing.assert_array_equal(a, b)  # g * scale in the kernel rounds as g *= scale
+    p = mg.tensor(np.ones(3), device="cuda").requires_grad_()
+    p.grad = fake_cupy.asarray(np.full(3, 4.0))
+    opt = AdamW([p])
+    opt.step()  # the moments made
+    before = fake_cupy.kernel_launches
+    opt.step(grad_scale=0.25)
+    assert fake_cupy.kernel_launches - before == 1
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, "1"])
+def test_step_refuses_a_grad_scale_that_is_not_a_finite_factor(bad):
+    p = mg.zeros(2, requires_grad=True)
+    p.grad = np.ones(2)
+    with pytest.raises(ValueError, match="grad_scale must be finite and >= 0"):
+        SGD([p], lr=0.1).step(grad_scale=bad)
+
+
+def test_grad_norm_and_clip_scale():
+    p, q = mg.zeros(2, requires_grad=True), mg.zeros(1, requires_grad=True)
+    assert grad_norm([p, q]) == 0.0  # no gradient yet
+    p.grad = np.array([3.0, 4.0])
+    assert grad_norm([p, q]) == 5.0
+    assert clip_scale(5.0, 1.0) == 1.0 / (5.0 + 1e-6) and clip_scale(0.5, 1.0) == 1.0

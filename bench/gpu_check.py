@@ -14,7 +14,10 @@ going on after a failure:
    bench/train_vs_torch.py --device cuda (baby-gpt);
 3. compute-sanitizer's memcheck, racecheck and synccheck on the flash-attention kernels, on a
    small case and an odd-sized one (this script again, with --kernel-case, checks the
-   kernels' output against the NumPy twin so a crashed run never reads as clean).
+   kernels' output against the NumPy twin so a crashed run never reads as clean);
+4. as the budget allows, the training benchmark again in shorter runs: strict float32 on both
+   sides (`--matmul-precision=highest`), and ours with the plain forms instead of the fused
+   kernels (`MINIGRAD_FUSED_KERNELS=0`).
 
 With `--budget SECONDS` (the default fits an 8-minute lease), a step starts only if its
 expected time (`Step.seconds`: the H200 run's, rounded up, or a guess) fits in what is left, and it
@@ -331,12 +334,20 @@ def plan(
     if sanitizer is None:
         missing = "compute-sanitizer is not on PATH: install the CUDA toolkit to run it"
         steps.append(Step("compute-sanitizer (all tools)", [], "none", 0, missing))
-        return steps
-    for tool in SANITIZER_TOOLS:
-        for case in KERNEL_CASES:
-            command = [sanitizer, "--tool", tool, "--error-exitcode", "1", python, script]
-            command += ["--kernel-case", case]
-            steps.append(Step(f"{tool}, {case} case {KERNEL_CASES[case]}", command, tool, 10))
+    else:
+        for tool in SANITIZER_TOOLS:
+            for case in KERNEL_CASES:
+                command = [sanitizer, "--tool", tool, "--error-exitcode", "1", python, script]
+                command += ["--kernel-case", case]
+                steps.append(Step(f"{tool}, {case} case {KERNEL_CASES[case]}", command, tool, 10))
+    if not skip_bench:
+        # last, as the budget allows: the training step against strict float32 (both sides)
+        # and without our fused kernels (ours only), in shorter runs (guesses: 60 s each)
+        short = max(iters // 3, 1)
+        strict = [*train[:-3], "--iters", str(short), "--quiet", "--matmul-precision=highest"]
+        steps.append(Step(f"the same, strict float32, {short} steps", strict, "train", 60))
+        plain = ["env", "MINIGRAD_FUSED_KERNELS=0", *train[:-3], "--iters", str(short), "--quiet"]
+        steps.append(Step(f"the same, TF32, plain kernels, {short} steps", plain, "train", 60))
     return steps
 
 

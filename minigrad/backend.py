@@ -12,6 +12,7 @@ laptop without it never pays for (or fails on) the import.
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 from typing import Any
 
@@ -110,7 +111,19 @@ def _apply_matmul_precision(cupy: ModuleType) -> None:
 
 
 # ---- fused GPU kernels: one launch where the plain form launches several ----------------------
-_fused_kernels = True
+def _fused_from_environment() -> bool:
+    """MINIGRAD_FUSED_KERNELS=0 starts a process with the plain forms (a run or a benchmark
+    compared without the fused kernels); 1 or unset, with them."""
+    value = os.environ.get("MINIGRAD_FUSED_KERNELS", "1")
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"MINIGRAD_FUSED_KERNELS={value!r}: set it to 0 (the plain forms on the GPU) or 1 "
+            f"(the fused kernels, the default), or unset it"
+        )
+    return value == "1"
+
+
+_fused_kernels = _fused_from_environment()
 
 
 def set_fused_kernels(enabled: bool) -> None:
@@ -118,10 +131,10 @@ def set_fused_kernels(enabled: bool) -> None:
 
     On (the default), LayerNorm, exact GELU, dropout, softmax's backward and AdamW each run as
     one or a few CUDA kernels (minigrad/kernels/fused.py) instead of one kernel per array
-    operation of their plain form: a baby-gpt training step launches a third as many kernels
-    (bench/gpu_step_counts.py). Off: the plain form, as on the CPU. The CPU always runs the
-    plain form (NumPy has no kernels to fuse). Both forms are tested equal to each other
-    (tests/minigrad/test_fused_kernels.py).
+    operation of their plain form (bench/gpu_step_counts.py counts them per training step).
+    Off: the plain form, as on the CPU; the environment variable MINIGRAD_FUSED_KERNELS=0 starts
+    a process so. The CPU always runs the plain form (NumPy has no kernels to fuse). Both forms
+    are tested equal to each other (tests/minigrad/test_fused_kernels.py).
 
     >>> set_fused_kernels(False); fused_kernels_enabled()
     False

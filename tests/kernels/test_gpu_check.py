@@ -178,20 +178,24 @@ def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
         + ["memcheck"] * 2
         + ["racecheck"] * 2
         + ["synccheck"] * 2
+        + ["train", "train"]  # strict float32, and the plain kernels: last, as time allows
     )
     assert steps[0].command[:5] == ["py", "-m", "pytest", "-m", "gpu"]
     assert steps[0].command[-3:] == ["-n", "8", "tests"] and "8 xdist workers" in steps[0].title
     assert steps[1].command[-1] == "--kernel-split"
+    assert steps[-2].command[-1] == "--matmul-precision=highest" and "100" in steps[-2].title
+    assert steps[-1].command[:2] == ["env", "MINIGRAD_FUSED_KERNELS=0"]
     assert steps[3].command[-1] == "--no-emulate" and steps[3].absent == ""
     assert steps[4].command[-3:] == ["--iters", "300", "--quiet"] and "cuda" in steps[4].command
     assert steps[5].command[:5] == [sanitizer, "--tool", "memcheck", "--error-exitcode", "1"]
-    assert {s.command[-1] for s in steps[5:]} == {"small", "odd"}
+    assert {s.command[-1] for s in steps[5:-2]} == {"small", "odd"}
     assert all(s.seconds > 0 for s in steps)  # every step has a time the budget can weigh
     # without xdist, compute-sanitizer and bench/kernel_counts.py: serial, and named as absent
     steps = gpu_check.plan("py", 300, None, skip_bench=False, workers=0, counts=False)
     assert steps[0].command[-3:] == ["-p", "no:xdist", "tests"] and "serial" in steps[0].title
     assert "not in this checkout" in steps[3].absent
-    assert [s.kind for s in steps[-1:]] == ["none"] and "not on PATH" in steps[-1].absent
+    assert [s.kind for s in steps[-3:]] == ["none", "train", "train"]
+    assert "not on PATH" in steps[-3].absent
     without = gpu_check.plan("py", 300, None, skip_bench=True)
     assert [s.kind for s in without] == ["tests", "none"]
 

@@ -202,3 +202,28 @@ def test_adamw_follows_the_switch(gpu):
 
 def test_the_cpu_never_runs_a_fused_kernel():
     assert mg.fused_kernels_enabled() and not backend.use_fused(np.zeros(3))
+
+
+@pytest.mark.parametrize("value, enabled", [("0", "False"), ("1", "True"), (None, "True")])
+def test_the_environment_starts_a_process_with_or_without_the_fused_kernels(value, enabled):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MINIGRAD_FUSED_KERNELS"}
+    if value is not None:
+        env["MINIGRAD_FUSED_KERNELS"] = value
+    code = "import minigrad; print(minigrad.fused_kernels_enabled())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == enabled, done.stderr
+
+
+def test_the_environment_refuses_a_value_that_is_not_0_or_1():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MINIGRAD_FUSED_KERNELS": "yes"}
+    done = subprocess.run([sys.executable, "-c", "import minigrad"], env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode != 0 and "MINIGRAD_FUSED_KERNELS='yes': set it to 0" in done.stderr

@@ -95,11 +95,20 @@ def test_an_overflowing_step_is_skipped_and_the_next_one_taken(device):
     assert all(s["step"] == 1 for s in optimizer.state.values())  # nor did AdamW's state
     after_3 = step(2)
     assert scaler.skipped == 1 and all(s["step"] == 2 for s in optimizer.state.values())
-    # the recovered step is the step the run takes when step 2 never happened
-    reference, _, _ = stepper(device)
-    reference(0)
-    for a, b in zip(after_3, reference(2), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # the recovered step is the step the run takes when step 2 never happened: as close to it
+    # as two runs without the skip are to each other. On the CPU (and the CuPy stand-in) two
+    # runs sum in one order and agree to the bit; on a GPU the embedding's gradient is summed
+    # by atomics, in another order each run, and AdamW turns that into a spread in the weights
+    # (issue 26): the tolerance grows by the spread measured here, so a skip that changed
+    # AdamW's state (its step count, its moments: a relative change of 10% and more) still fails.
+    runs = []
+    for _ in range(2):
+        reference = stepper(device)[0]
+        reference(0)
+        runs.append(reference(2))
+    spread = max(float(np.abs(a - b).max()) for a, b in zip(*runs, strict=True))
+    for a, b in zip(after_3, runs[0], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7 + 4 * spread)
     assert all(not np.array_equal(a, b) for a, b in zip(after_2, after_3, strict=True))
 
 

@@ -112,13 +112,13 @@ def step_counts(
         marks["forward"] = snapshot(cupy)
         return loss
 
-    real_clip = step_module.clip_grad_norm_
+    real_norm = step_module.grad_norm
 
-    def clip(params, max_norm):
+    def norm(params):  # the optimiser phase starts with clipping's norm
         marks["backward"] = snapshot(cupy)
-        return real_clip(params, max_norm)
+        return real_norm(params)
 
-    step_module.clip_grad_norm_ = clip
+    step_module.grad_norm = norm
     try:
         rng = np.random.default_rng(0)
         for step in range(1, steps + 1):
@@ -130,7 +130,7 @@ def step_counts(
             )
             marks["optimiser"] = snapshot(cupy)
     finally:
-        step_module.clip_grad_norm_ = real_clip
+        step_module.grad_norm = real_norm
     phases, before = {}, marks["start"]
     for phase in ("forward", "backward", "optimiser"):
         phases[phase] = {k: marks[phase][k] - before[k] for k in before}

@@ -150,11 +150,12 @@ class DataParallel:
         return float(tail[-1])
 
     # ---- the optimiser's step ----------------------------------------------------------------
-    def step(self, optimizer: Optimizer) -> None:
+    def step(self, optimizer: Optimizer, grad_scale: float = 1.0) -> None:
         """The optimiser's step: whole on every rank, or under ZeRO-1 this rank's slice of the
-        flat parameters, then an Allgather of the slices."""
+        flat parameters, then an Allgather of the slices. ``grad_scale``: as ``Optimizer.step``'s
+        (clipping's factor)."""
         if not self.zero:
-            optimizer.step()
+            optimizer.step(grad_scale=grad_scale)
             return
         params = [p for group in optimizer.param_groups for p in group["params"]]
         nccl = self._device_comm(params)
@@ -168,9 +169,11 @@ class DataParallel:
                 continue
             grad = self._staged(p.grad).ravel()[lo:hi]
             # subtle: the state of parameter i holds only this rank's piece of its moments
-            optimizer.update(
-                self._params[start:stop], grad, group, optimizer.state.setdefault(i, {})
-            )
+            piece, state = self._params[start:stop], optimizer.state.setdefault(i, {})
+            if grad_scale == 1.0:
+                optimizer.update(piece, grad, group, state)
+            else:
+                optimizer.update_scaled(piece, grad, grad_scale, group, state)
         start = time.perf_counter()
         if nccl is not None:
             shard = len(self._params) // self.size

@@ -47,7 +47,7 @@ from decoder.training.mixed_precision import LossScaler
 from decoder.training.shards import fork_available, shard_pass, workers_for
 from minigrad.backend import blas_threads_settable, cpu_count
 from minigrad.nn import Dropout
-from minigrad.optim import Optimizer, clip_grad_norm_
+from minigrad.optim import Optimizer, clip_scale, grad_norm
 
 if TYPE_CHECKING:  # decoder.training.dist imports mpi4py only when a run asks for it
     from decoder.training.dist import DataParallel
@@ -126,13 +126,17 @@ def train_step(
         loss_value = dist.average_gradients(params, loss_value)
     if scaler is not None and not scaler.update(params):  # an overflow: skip this step
         return loss_value
+    grad_scale = 1.0
     if cfg.grad_clip > 0:
+        # clipping's factor, which the optimiser applies inside its update (AdamW's fused
+        # kernel: in the one launch per parameter it makes anyway) instead of a pass over every
+        # gradient first; the same update as clip_grad_norm_ then step().
         # subtle: in the model's order: the norm's float sum, and so the losses, depend on it
-        clip_grad_norm_(params, cfg.grad_clip)
+        grad_scale = clip_scale(grad_norm(params), cfg.grad_clip)
     if dist is not None:
-        dist.step(optimizer)
+        dist.step(optimizer, grad_scale)
     else:
-        optimizer.step()
+        optimizer.step(grad_scale=grad_scale)
     return loss_value
 
 

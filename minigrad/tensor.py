@@ -473,6 +473,9 @@ class Tensor:
         index = _integer_tensor(index, "gather")
         x = self.reshape(1) if self.ndim == 0 else self
         idx = index.reshape(1) if index.ndim == 0 else index
+        if idx.size == 0:  # as PyTorch: an empty index reads nothing, whatever its shape
+            normalize_axes(axis, x.ndim)  # but the axis must still be one of x's
+            return x.reshape(-1)[:0].reshape(index.shape)  # on the graph: x's gradient is 0
         if idx.ndim != x.ndim:
             raise ValueError(
                 f"gather: index has {index.ndim} dimensions but the tensor has {self.ndim}; "
@@ -581,9 +584,14 @@ def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     if len(tensors) == 0:
         raise ValueError("concatenate needs at least one tensor")
     tensors = _promote(*(_as_tensor(t) for t in tensors))
-    if tensors[0].ndim == 0:
+    shaped = [t for t in tensors if t.shape != (0,)] or tensors
+    if shaped[0].ndim == 0:
         raise ValueError("concatenate: 0-d tensors have no axis to join along (use stack)")
-    (axis,) = normalize_axes(axis, tensors[0].ndim)
+    (axis,) = normalize_axes(axis, shaped[0].ndim)
+    # PyTorch's rule: a 1-D empty tensor joins tensors of any shape as nothing (torch.cat skips
+    # it); here it becomes an empty slab of their shape, so it stays on the graph
+    empty = tuple(0 if d == axis else n for d, n in enumerate(shaped[0].shape))
+    tensors = [t.reshape(empty) if t.shape == (0,) else t for t in tensors]
     return Concatenate.apply(*tensors, axis=axis)
 
 

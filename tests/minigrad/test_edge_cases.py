@@ -370,3 +370,47 @@ def test_every_class_reaches_many_ops():
     for cls in CLASSES:
         n = sum(c == cls for _, c, _ in CASES)
         assert n > len(OPS) // 3, f"only {n} cases of class {cls}"
+
+
+# ---- issue 28: the last three of PyTorch's OpInfo reference inputs -----------------------------
+@pytest.mark.parametrize(
+    "shapes, axis",
+    [
+        (((0,), (5, 5)), 1),
+        (((0,), (3, 2, 2), (0,)), 0),
+        (((2, 3), (0,), (2, 1)), -1),
+        (((0,), (0,)), 0),  # all 1-D empty: an empty result
+    ],
+)
+def test_cat_joins_a_1d_empty_tensor_as_nothing_as_torch_does(shapes, axis):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s) for s in shapes]
+    ours = [mg.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out, want = mg.concatenate(ours, axis=axis), torch.cat(theirs, axis)
+    assert out.shape == tuple(want.shape)
+    np.testing.assert_array_equal(out.numpy(), want.detach().numpy())
+    upstream = rng.standard_normal(out.shape)
+    out.backward(upstream)
+    want.backward(torch.tensor(upstream))
+    for t, w in zip(ours, theirs, strict=True):
+        assert t.grad.shape == tuple(w.grad.shape)
+        np.testing.assert_array_equal(t.grad, w.grad.numpy())
+
+
+@pytest.mark.parametrize(
+    "shape, axis, index_shape",
+    [((5,), 0, (2, 0)), ((3, 4), 1, (0,)), ((3, 4), 0, (0, 2, 5)), ((), 0, (0, 3))],
+)
+def test_gather_with_an_empty_index_of_any_rank_is_empty_as_in_torch(shape, axis, index_shape):
+    x = np.arange(float(np.prod(shape))).reshape(shape)
+    index = np.zeros(index_shape, dtype=np.int64)
+    ours = mg.tensor(x, requires_grad=True)
+    theirs = torch.tensor(x, requires_grad=True)
+    out, want = ours.gather(axis, index), torch.gather(theirs, axis, torch.from_numpy(index))
+    assert out.shape == tuple(want.shape) == index_shape and out.dtype == np.float64
+    out.sum().backward()
+    want.sum().backward()
+    np.testing.assert_array_equal(ours.grad, theirs.grad.numpy())  # zeros: nothing was read
+    with pytest.raises(ValueError, match="out of range"):
+        ours.gather(3, index)  # the axis is still checked

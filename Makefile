@@ -8,8 +8,8 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 # whoever installs the package elsewhere). `make constraints` writes it anew from .venv.
 INSTALL := $(PIP) install -c constraints.txt
 
-.PHONY: train dist test test-fast test-numerics constraints lint bench bench-train gpu-check \
-	lessons lessons-run clean
+.PHONY: train dist test test-fast test-numerics test-plain constraints lint bench bench-train \
+	gpu-check lessons lessons-run clean
 
 $(VENV)/.stamp-base: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ test: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle $(VENV)/.stamp-dist
 # again with the BLAS and SIMD kernels of a CPU without AVX-512: CI runs it after `make test`.
 test-numerics: $(VENV)/.stamp-dev $(VENV)/.stamp-oracle $(VENV)/.stamp-dist
 	$(PY) tests/support/no_avx512.py $(PY) -m pytest -n 2 --dist worksteal -m summation_order $(ARGS)
+
+# The engine's tests again with every fast path off (MINIGRAD_FAST_PATHS=0, see
+# minigrad.set_fast_paths): the plain forms a lesson shows must pass them on their own.
+test-plain: $(VENV)/.stamp-dev
+	MINIGRAD_FAST_PATHS=0 $(PY) -m pytest -n 2 --dist worksteal \
+		tests/minigrad tests/standin tests/kernels tests/bench $(ARGS)
 
 # After a deliberate upgrade in .venv (and a green `make test` on it): pin what it holds.
 constraints:

@@ -40,7 +40,7 @@ def worker(preset: str, steps: int, zero: bool) -> None:
     from decoder.training.config import build_configs
     from decoder.training.dist import DataParallel
     from decoder.training.step import train_step
-    from minigrad.backend import reuse_freed_memory
+    from minigrad.cpu_tuning import reuse_freed_memory
     from minigrad.optim import AdamW, param_groups_for_decay
 
     reuse_freed_memory()

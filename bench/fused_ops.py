@@ -14,7 +14,7 @@ Torch gets one thread by default, as NumPy's elementwise ops use one: the ratios
 the two per core. The default clock is the process's CPU time, which a busy shared machine
 disturbs far less than wall time; ``--clock wall`` measures wall time instead.
 
-Both processes first call minigrad.backend.reuse_freed_memory(), as decoder.train does, so
+Both processes first call minigrad.cpu_tuning.reuse_freed_memory(), as decoder.train does, so
 that freed arrays' pages are reused rather than returned to the OS and faulted in again.
 Without it (``--malloc default``) glibc's choice depends on what the process freed before,
 and some rows, LayerNorm's for one, spend more time in page faults than in arithmetic; the
@@ -208,13 +208,13 @@ def main() -> None:
         "--malloc",
         choices=("reuse", "default"),
         default="reuse",
-        help="reuse: minigrad.backend.reuse_freed_memory() in both processes; default: glibc's",
+        help="reuse: minigrad.cpu_tuning.reuse_freed_memory() in both processes; default: glibc's",
     )
     parser.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
     if args.malloc == "reuse":
-        from minigrad.backend import reuse_freed_memory
+        from minigrad.cpu_tuning import reuse_freed_memory
 
         reuse_freed_memory()
     if args.torch_worker:

@@ -17,7 +17,7 @@ going on after a failure:
    kernels' output against the NumPy twin so a crashed run never reads as clean);
 4. as the budget allows, the training benchmark again in shorter runs: strict float32 on both
    sides (`--matmul-precision=highest`), and ours with the plain forms instead of the fused
-   kernels (`MINIGRAD_FUSED_KERNELS=0`).
+   kernels (`MINIGRAD_FAST_PATHS=0`).
 
 With `--budget SECONDS` (the default fits an 8-minute lease), a step starts only if its
 expected time (`Step.seconds`: the H200 run's, rounded up, or a guess) fits in what is left, and it
@@ -346,7 +346,7 @@ def plan(
         short = max(iters // 3, 1)
         strict = [*train[:-3], "--iters", str(short), "--quiet", "--matmul-precision=highest"]
         steps.append(Step(f"the same, strict float32, {short} steps", strict, "train", 60))
-        plain = ["env", "MINIGRAD_FUSED_KERNELS=0", *train[:-3], "--iters", str(short), "--quiet"]
+        plain = ["env", "MINIGRAD_FAST_PATHS=0", *train[:-3], "--iters", str(short), "--quiet"]
         steps.append(Step(f"the same, TF32, plain kernels, {short} steps", plain, "train", 60))
     return steps
 

@@ -163,7 +163,7 @@ def profile_ours(preset: str, steps: int, warmup: int, overrides: dict | None = 
     """Milliseconds per step by phase and by op, and the plain ms/step, for minigrad."""
     import minigrad as mg
     from decoder.model.model import Decoder
-    from minigrad.backend import reuse_freed_memory
+    from minigrad.cpu_tuning import reuse_freed_memory
     from minigrad.optim import AdamW, clip_grad_norm_, param_groups_for_decay
 
     reuse_freed_memory()  # as decoder.train does

@@ -207,7 +207,7 @@ def our_shards(model_cfg: ModelConfig, train_cfg: TrainConfig) -> dict:
     sharding is off, e.g. under dropout or on the GPU) and the cores this process may use."""
     from decoder.model.model import Decoder
     from decoder.training.step import shard_count
-    from minigrad.backend import cpu_count
+    from minigrad.cpu_tuning import cpu_count
 
     shards = 1
     if train_cfg.device == "cpu":

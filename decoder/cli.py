@@ -1,6 +1,7 @@
 """What the five commands (decoder.train, generate, finetune, sft, dpo) share on the command
-line: ``--key=value`` settings, the preset list, the device rule of training, the options of
-the post-training commands, and one mapping from errors to exit codes.
+line: ``--key=value`` settings, the preset list, ``--device`` (its rule is
+decoder.training.config.device_or_cpu's), the options of the post-training commands, and one
+mapping from errors to exit codes.
 
 Every trainer's command line ends the same way (``run_command``): 0 done, 1 the loss
 diverged, 2 an error the user can fix, printed as one line, 130 interrupted after saving.
@@ -9,14 +10,13 @@ diverged, 2 an error the user can fix, printed as one line, 130 interrupted afte
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from decoder.training.config import DEFAULT_PRESET, PRESETS, TrainConfig
+from decoder.training.config import DEFAULT_PRESET, PRESETS
 from decoder.training.step import TrainingDiverged
-from minigrad.backend import DeviceUnavailableError, get_xp
+from minigrad.backend import DEVICES
 
 
 # ---- every command -----------------------------------------------------------------------------
@@ -69,26 +69,15 @@ def run_command(body: Callable[[], object]) -> int:
     return 0
 
 
-def device_or_cpu(train_cfg: TrainConfig, requested: bool) -> TrainConfig:
-    """``train_cfg`` with a device this machine can run. Where CUDA cannot run, a "cuda" that
-    only a preset (or the resumed run) chose becomes "cpu", with a note on stderr; one the user
-    ``requested`` raises DeviceUnavailableError, whose message says how to install CuPy.
-
-    >>> device_or_cpu(TrainConfig(device="cpu"), requested=True).device
-    'cpu'
-    """
-    try:
-        get_xp(train_cfg.device)  # imports CuPy for "cuda"
-    except DeviceUnavailableError as e:
-        if requested:
-            raise
-        print(
-            f"note: {e} Training on the CPU instead; pass --device=cpu to choose it "
-            "yourself, or --device=cuda to insist on the GPU.",
-            file=sys.stderr,
-        )
-        return dataclasses.replace(train_cfg, device="cpu")
-    return train_cfg
+def add_device(p: argparse.ArgumentParser, default: str) -> None:
+    """Every command's ``--device``; left out, it is ``default`` (the device the run or
+    checkpoint was trained on) or the CPU, as decoder.training.config.device_or_cpu rules."""
+    p.add_argument(
+        "--device",
+        default=None,
+        choices=DEVICES,
+        help=f"where to run (default: {default}, or the CPU with a note where CUDA cannot run)",
+    )
 
 
 # ---- the command line shared by decoder.sft and decoder.dpo -------------------------------------
@@ -105,6 +94,7 @@ def arguments(prog: str, description: str, start_from: str) -> argparse.Argument
     p.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank")
     p.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA's scale is alpha / r")
     p.add_argument("--targets", default="wq,wv", help="comma-separated Linear names for LoRA")
+    add_device(p, "the device of the model it starts from (or of the resumed run)")
     return p
 
 
@@ -123,4 +113,6 @@ def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[Any, dict
         overrides = parse_overrides(rest)
     except ValueError as e:
         p.error(str(e))
+    if args.device is not None:
+        overrides["device"] = args.device
     return args, overrides, lora if args.lora_r else None

@@ -18,10 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from decoder.cli import run_command
+from decoder.cli import add_device, run_command
 from decoder.post.lora import MERGED, finetune, merge
 from decoder.text.data import load_text
-from minigrad.backend import DEVICES
 
 OVERWRITE_HELP = "replace what a previous run left in --out (without it, that is refused)"
 
@@ -73,7 +72,7 @@ def _command(argv: list[str]) -> None:
     p.add_argument("--max-iters", type=int, default=200)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="cpu", choices=DEVICES)
+    add_device(p, "the base checkpoint's device; the CPU for --from-pretrained")
     p.add_argument(
         "--merge", action="store_true", help=f"also write a merged checkpoint into OUT/{MERGED}"
     )

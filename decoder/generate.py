@@ -24,14 +24,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from decoder.cli import add_device
 from decoder.hf.pretrained import load_pretrained
 from decoder.text.stream import default_prompt, print_sample
 from decoder.training.checkpoint import CheckpointError, load_model
-from minigrad.backend import DEVICES
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the process exit code."""
+def parser() -> argparse.ArgumentParser:
+    """The command line's options."""
     p = argparse.ArgumentParser(
         prog="python -m decoder.generate", description="Sample text from a trained checkpoint."
     )
@@ -79,7 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         help="beam search ranks by log-probability / length ** this (> 0 favours longer)",
     )
     p.add_argument("--stop", default=None, help="end after this text (one token)")
-    p.add_argument("--device", default="cpu", choices=DEVICES)
+    add_device(p, "the checkpoint's device; the CPU for --from-pretrained")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the process exit code."""
+    p = parser()
     args = p.parse_args(argv)
     if args.beam_width != 1 and (args.temperature, args.top_k, args.top_p) != (None,) * 3:
         p.error(
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.from_pretrained:
             model, tokenizer = load_pretrained(
-                args.from_pretrained, device=args.device, block_size=args.block_size
+                args.from_pretrained, device=args.device or "cpu", block_size=args.block_size
             )
         else:
             model, tokenizer, _ = load_model(args.checkpoint, device=args.device)

@@ -12,16 +12,16 @@ this module parses the command line and calls ``decoder.training.loop.train``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decoder.cli import device_or_cpu, list_presets, parse_overrides, run_command
+from decoder.cli import add_device, list_presets, parse_overrides, run_command
 from decoder.text.data import load_shakespeare, load_text
-from decoder.training.config import DEFAULT_PRESET, build_configs
+from decoder.training.config import DEFAULT_PRESET, build_configs, device_or_cpu
 from decoder.training.loop import train
 from decoder.training.run import resume_configs
-from minigrad.backend import DEVICES
 
 if TYPE_CHECKING:  # decoder.training.dist imports mpi4py only when a run asks for it
     from decoder.training.dist import DataParallel
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="replace the run in --out (without it, a new run refuses a directory that holds one)",
     )
-    p.add_argument("--device", default=None, choices=DEVICES, help="same as --device=")
+    add_device(p, "the preset's (or the resumed run's) device")
     p.add_argument(
         "--ddp",
         action="store_true",
@@ -96,7 +96,8 @@ def _run(args: argparse.Namespace, rest: list[str], dist: DataParallel | None = 
             data_path = data_path or saved.extra.get("data_path")
         else:
             model_cfg, train_cfg = build_configs(args.preset or DEFAULT_PRESET, overrides)
-        train_cfg = device_or_cpu(train_cfg, requested="device" in overrides)
+        device = device_or_cpu(train_cfg.device, requested="device" in overrides)
+        train_cfg = dataclasses.replace(train_cfg, device=device)
         text = load_text(data_path) if data_path else load_shakespeare()
         train(
             model_cfg,

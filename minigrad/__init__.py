@@ -10,10 +10,10 @@ from minigrad.anomaly import AnomalyError, detect_anomaly
 from minigrad.autograd import Function, is_grad_enabled, no_grad
 from minigrad.backend import (
     cuda_available,
-    fused_kernels_enabled,
+    fast_paths_enabled,
     get_float32_matmul_precision,
+    set_fast_paths,
     set_float32_matmul_precision,
-    set_fused_kernels,
 )
 from minigrad.creation import (
     arange,
@@ -58,10 +58,10 @@ __all__ = [
     "default_rng",
     "detect_anomaly",
     "dispatch",
+    "fast_paths_enabled",
     "float32",
     "float64",
     "full",
-    "fused_kernels_enabled",
     "get_float32_matmul_precision",
     "gradcheck",
     "int64",
@@ -74,8 +74,8 @@ __all__ = [
     "ones_like",
     "rand",
     "randn",
+    "set_fast_paths",
     "set_float32_matmul_precision",
-    "set_fused_kernels",
     "split",
     "stack",
     "take_along_axis",

@@ -212,9 +212,10 @@ def backward(
     """Backpropagate from ``root``: add d(root)/d(leaf) (times ``grad``) into every leaf's .grad.
 
     With ``into`` (a dict), the leaves' gradients go there instead, as ``{id(leaf): (leaf,
-    grad)}``, and no ``.grad`` is touched: a shard's gradients can then be summed on their own
-    and added to the others' after (decoder/shards.py), and backward passes in two threads
-    through graphs that share leaves (the parameters) do not write into one array.
+    grad)}``, and no ``.grad`` is touched: the gradients of several backward passes (one per
+    shard of a batch, say) can then be summed on their own and added together after, and
+    backward passes in two threads through graphs that share leaves (the parameters) do not
+    write into one array.
     """
     if not root.requires_grad:
         raise RuntimeError(

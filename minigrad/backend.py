@@ -110,53 +110,58 @@ def _apply_matmul_precision(cupy: ModuleType) -> None:
     )
 
 
-# ---- fused GPU kernels: one launch where the plain form launches several ----------------------
-def _fused_from_environment() -> bool:
-    """MINIGRAD_FUSED_KERNELS=0 starts a process with the plain forms (a run or a benchmark
-    compared without the fused kernels); 1 or unset, with them."""
-    value = os.environ.get("MINIGRAD_FUSED_KERNELS", "1")
+# ---- the fast paths: each op's plain form, or the same math computed faster --------------------
+def _fast_paths_from_environment() -> bool:
+    """MINIGRAD_FAST_PATHS=0 starts a process with the plain forms (a run, a benchmark or the
+    test suite compared without the fast paths); 1 or unset, with them."""
+    value = os.environ.get("MINIGRAD_FAST_PATHS", "1")
     if value not in ("0", "1"):
         raise ValueError(
-            f"MINIGRAD_FUSED_KERNELS={value!r}: set it to 0 (the plain forms on the GPU) or 1 "
-            f"(the fused kernels, the default), or unset it"
+            f"MINIGRAD_FAST_PATHS={value!r}: set it to 0 (the plain forms) or 1 (the fast "
+            f"paths, the default), or unset it"
         )
     return value == "1"
 
 
-_fused_kernels = _fused_from_environment()
+_fast_paths = _fast_paths_from_environment()
 
 
-def set_fused_kernels(enabled: bool) -> None:
-    """Whether ops on the GPU run their fused kernels or the plain form a lesson shows.
+def set_fast_paths(enabled: bool) -> None:
+    """Whether ops run their fast paths or only the plain form a lesson shows, on every device.
 
-    On (the default), LayerNorm, exact GELU, dropout, softmax's backward and AdamW each run as
-    one or a few CUDA kernels (minigrad/kernels/fused.py) instead of one kernel per array
-    operation of their plain form (bench/gpu_step_counts.py counts them per training step).
-    Off: the plain form, as on the CPU; the environment variable MINIGRAD_FUSED_KERNELS=0 starts
-    a process so. The CPU always runs the plain form (NumPy has no kernels to fuse). Both forms
-    are tested equal to each other (tests/minigrad/test_fused_kernels.py).
+    On (the default): on the GPU, LayerNorm, exact GELU, dropout, softmax's backward and AdamW
+    each run as one or a few CUDA kernels (minigrad/kernels/fused.py) instead of one kernel per
+    array operation of their plain form (bench/gpu_step_counts.py counts them per training
+    step); on both devices, GELU runs in place over cache-sized blocks, row sums by the BLAS and
+    einsum, and softmax skips the shift it does not need (minigrad/functional/fast.py); on the
+    CPU, attention's ``impl="auto"`` picks the dense or the tiled path. Off: every op its plain
+    form, and ``auto`` the naive attention, the reference (on a GPU only where its score
+    matrices fit in memory); the environment variable MINIGRAD_FAST_PATHS=0 starts a process
+    so. Each fast path is tested equal to its plain form (tests/minigrad/test_fast_paths.py,
+    tests/minigrad/test_fused_kernels.py).
 
-    >>> set_fused_kernels(False); fused_kernels_enabled()
+    >>> before = fast_paths_enabled(); set_fast_paths(False); fast_paths_enabled()
     False
-    >>> set_fused_kernels(True)
+    >>> set_fast_paths(before)
     """
-    global _fused_kernels
+    global _fast_paths
     if not isinstance(enabled, bool):
-        raise ValueError(f"set_fused_kernels: enabled must be True or False, got {enabled!r}")
-    _fused_kernels = enabled
+        raise ValueError(f"set_fast_paths: enabled must be True or False, got {enabled!r}")
+    _fast_paths = enabled
 
 
-def fused_kernels_enabled() -> bool:
-    return _fused_kernels
+def fast_paths_enabled() -> bool:
+    return _fast_paths
 
 
 def use_fused(array: Any) -> bool:
-    """True where ``array`` lives on the GPU and the fused kernels are switched on.
+    """True where ``array`` lives on the GPU and the fast paths are switched on: there the ops
+    run the fused kernels of minigrad/kernels/fused.py.
 
     >>> use_fused(np.zeros(2))
     False
     """
-    return _fused_kernels and xp_of(array) is not np
+    return _fast_paths and xp_of(array) is not np
 
 
 _elementwise: dict[tuple, Any] = {}
@@ -284,124 +289,3 @@ def _scatter_add_rows(target: np.ndarray, index: np.ndarray, values: np.ndarray)
     sorted_index = index[order]
     starts = np.flatnonzero(np.r_[True, sorted_index[1:] != sorted_index[:-1]])  # each run's first
     target[sorted_index[starts]] += np.add.reduceat(values[order], starts, axis=0)
-
-
-# glibc's mallopt parameters (malloc.h) and the values we set
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD = 32 * 2**20  # glibc's largest on 64-bit machines
-_TRIM_THRESHOLD = 256 * 2**20
-
-
-def reuse_freed_memory() -> bool:
-    """Ask the C allocator to keep freed memory for the next array instead of handing it back
-    to the operating system. True if it took effect (Linux with glibc), False elsewhere.
-
-    A training step allocates and frees the same few hundred arrays over and over. glibc
-    returns large freed blocks to the OS (as mmap chunks, or by trimming the top of the heap)
-    and the next allocation gets fresh pages, each a page fault the kernel must zero: about a
-    microsecond per 4 kB, which is more than the arithmetic on them. Keeping the memory makes
-    ``decoder.train`` about 10% faster and a LayerNorm forward and backward on (768, 128) twice
-    as fast (bench/fused_ops.py counts the faults). PyTorch users get the same effect by
-    preloading jemalloc or tcmalloc. The cost is that the process keeps up to 256 MB of freed
-    memory for reuse. It changes the whole process, so the library never calls it on import:
-    the training, fine-tuning and benchmark scripts do.
-    """
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
-    except (OSError, AttributeError):  # no mallopt: not glibc
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    # setting either turns off glibc's own adjustment of both
-    return bool(
-        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
-    )
-
-
-# OpenBLAS's thread-count setters, as NumPy's wheels (scipy-openblas, 64-bit ints) and a
-# system OpenBLAS name them; threadpoolctl looks for the same symbols.
-_BLAS_SETTERS = (
-    ("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
-    ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
-    ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
-    ("openblas_set_num_threads", "openblas_get_num_threads"),
-)
-_blas: tuple | None | bool = False  # False: not looked for yet; None: not found
-
-
-def _find_blas_threads() -> tuple | None:
-    """(set, get) for the thread count of the OpenBLAS that NumPy runs on, or None.
-
-    Found by name among the shared libraries this process has loaded (Linux: /proc/self/maps).
-    None elsewhere, and for other BLAS libraries (Accelerate, MKL), which we leave alone.
-    """
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-    except OSError:  # not Linux
-        return None
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for set_name, get_name in _BLAS_SETTERS:
-            if hasattr(lib, set_name) and hasattr(lib, get_name):
-                setter, getter = getattr(lib, set_name), getattr(lib, get_name)
-                setter.argtypes, setter.restype = (ctypes.c_int,), None
-                getter.argtypes, getter.restype = (), ctypes.c_int
-                return setter, getter
-    return None
-
-
-def blas_threads_settable() -> bool:
-    """Whether ``blas_threads`` can change the BLAS's thread count here (NumPy's OpenBLAS)."""
-    global _blas
-    if _blas is False:
-        _blas = _find_blas_threads()
-    return _blas is not None
-
-
-class blas_threads:
-    """Run a block with the BLAS on ``n`` threads, then give it back its own count.
-
-    For code that runs NumPy on several cores at once (threads, or processes such as
-    decoder/shards.py's workers): each matrix product should then use one core, or the BLAS
-    pools fight over the cores (two threads each asking OpenBLAS for two cores ran a training
-    step 1.5x slower than one thread did). A no-op where the count cannot be set
-    (``blas_threads_settable()`` is False).
-
-    >>> with blas_threads(1):
-    ...     pass
-    """
-
-    def __init__(self, n: int):
-        self.n, self.previous = n, None
-
-    def __enter__(self) -> blas_threads:
-        if blas_threads_settable():
-            setter, getter = _blas
-            self.previous = getter()
-            if self.previous != self.n:
-                setter(self.n)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None and self.previous != self.n:
-            _blas[0](self.previous)
-
-
-def cpu_count() -> int:
-    """The cores this process may run on (its affinity mask where the OS has one)."""
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS and Windows have no affinity call
-        return os.cpu_count() or 1

@@ -259,7 +259,7 @@ class AdamW(Optimizer):
     ``fused``: the whole update as one elementwise CUDA kernel per parameter (``_ADAMW_KERNEL``)
     instead of a dozen array operations that each launch their own (855 launches of a baby-gpt
     step's optimiser, bench/gpu_step_counts.py). None, the default: fused where a parameter is
-    on the GPU and ``minigrad.set_fused_kernels`` leaves the fused kernels on; False: the plain
+    on the GPU and ``minigrad.set_fast_paths`` leaves the fast paths on; False: the plain
     form everywhere. The CPU always runs the plain form.
     """
 

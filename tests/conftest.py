@@ -69,6 +69,16 @@ def device(request) -> str:
 
 
 @pytest.fixture
+def fast_paths():
+    """``minigrad.set_fast_paths``, for a test that needs the fast paths on or off whichever way
+    the run started (MINIGRAD_FAST_PATHS=0 runs the suite on the plain forms); the switch is
+    back as it was after the test."""
+    before = mg.fast_paths_enabled()
+    yield mg.set_fast_paths
+    mg.set_fast_paths(before)
+
+
+@pytest.fixture
 def torch():
     """The PyTorch oracle; tests that use it skip (with the reason) where it is not installed."""
     return pytest.importorskip(

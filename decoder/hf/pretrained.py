@@ -48,7 +48,7 @@ import numpy as np
 
 from decoder.hf.config import PretrainedError, config_from_hf, config_to_hf
 from decoder.hf.tokenizer import HFTokenizer
-from decoder.model.model import Decoder
+from decoder.model.model import Decoder, build_model
 from decoder.text.tokenizer import TiktokenTokenizer
 from minigrad.backend import to_numpy
 from minigrad.fileio import atomic_write
@@ -306,7 +306,7 @@ def from_pretrained(
                 f"{config.block_size} tokens; choose 1..{config.block_size}"
             )
         config = dataclasses.replace(config, block_size=block_size)
-    model = Decoder(config)
+    model = build_model(config)
     load_weights(model, directory, family)
     model.to(device)
     model.eval()

@@ -25,16 +25,19 @@ Jiang et al. (2023), Mistral 7B, for the sliding window and its rolling cache.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from decoder.model.positional import POSITIONS, RoPE, alibi_slopes
+from decoder.model.positional import POSITIONS, RoPE, alibi_slopes, rope_settings
 from minigrad import creation
 from minigrad.backend import device_of, get_xp
 from minigrad.functional.attention import IMPLS, check_window, scaled_dot_product_attention
 from minigrad.nn import Dropout, Linear, Module
 from minigrad.tensor import Tensor
+
+if TYPE_CHECKING:  # for annotations only: decoder.model.config imports this module
+    from decoder.model.config import ModelConfig
 
 
 class KVCache:
@@ -165,7 +168,9 @@ class CausalSelfAttention(Module):
     while training with dropout) and to the output (``resid_dropout``). ``window`` W makes it
     sliding-window attention: each token sees its last W positions, itself included, and
     its cache rolls. ``rope_scaling``, ``rope_factor`` and ``rope_original_context`` stretch
-    RoPE (decoder/model/positional.py, ``rope_frequencies``).
+    RoPE (decoder/model/positional.py, ``rope_frequencies``). The settings are checked here
+    (``check_attention``), except with ``checked=True``: ``from_config`` passes settings that
+    ModelConfig checked when it was made.
 
     >>> import minigrad as mg
     >>> attn = CausalSelfAttention(n_embd=16, n_head=4, n_kv_head=2, pos="rope", block_size=8)
@@ -189,11 +194,13 @@ class CausalSelfAttention(Module):
         rope_scaling: str | None = None,
         rope_factor: float = 1.0,
         rope_original_context: int | None = None,
+        checked: bool = False,
     ):
         super().__init__()
         n_kv_head = n_head if n_kv_head is None else n_kv_head
-        check_attention(n_embd, n_head, n_kv_head, pos, impl)
-        check_window(window)
+        if not checked:
+            check_attention(n_embd, n_head, n_kv_head, pos, impl)
+            check_window(window)
         hs = n_embd // n_head
         self.n_embd, self.n_head, self.n_kv_head, self.head_size = n_embd, n_head, n_kv_head, hs
         self.pos, self.block_size, self.impl, self.window = pos, block_size, impl, window
@@ -213,6 +220,23 @@ class CausalSelfAttention(Module):
             self.rope = RoPE(hs, block_size, rope_theta, *scaling, extrapolate=window is not None)
         slopes = alibi_slopes(n_head).astype(np.float32) if pos == "alibi" else None
         self.register_buffer("slopes", slopes, persistent=False)  # (nh,) or None
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, layer: int = 0) -> CausalSelfAttention:
+        """The attention of layer ``layer`` (0-based) of a model of ``config``."""
+        return cls(
+            config.n_embd,
+            config.n_head,
+            config.n_kv_head,
+            bias=config.bias,
+            qkv_bias=config.qkv_bias,
+            dropout=config.dropout,
+            pos=config.pos,
+            impl=config.attn_impl,
+            window=config.layer_window(layer),
+            **rope_settings(config),
+            checked=True,
+        )
 
     def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
         """x (B, T, C) -> (B, T, C). With a cache, x holds the T tokens after the cached ones."""

@@ -13,7 +13,8 @@ Three layouts, chosen by the config:
   (GPT-NeoX keeps two), so a parallel block has no ``norm2``.
 
 Every block has the same config, except that ``config.window_pattern`` may make some layers
-windowed and others full (``ModelConfig.layer_window``).
+windowed and others full (``ModelConfig.layer_window``). The attention layers read their
+settings from the config (``from_config``), which checked them once, when it was made.
 
 The feed-forward is GPT-2's MLP, Llama's SwiGLU or a mixture of experts (decoder/model/moe.py).
 
@@ -73,38 +74,10 @@ class Block(Module):
         self.norm_position = config.norm_position
         self.parallel = config.parallel_block
         self.norm1 = make_norm(config)
-        rope = dict(
-            block_size=config.block_size,
-            rope_theta=config.rope_theta,
-            rope_scaling=config.rope_scaling,
-            rope_factor=config.rope_factor,
-            rope_original_context=config.rope_original_context,
-        )
         if config.attention == "mla":
-            self.attn = MultiHeadLatentAttention(
-                config.n_embd,
-                config.n_head,
-                config.kv_lora_rank,
-                config.rope_head_dim,
-                q_lora_rank=config.q_lora_rank,
-                nope_head_dim=config.nope_head_dim,
-                v_head_dim=config.v_head_dim,
-                dropout=config.dropout,
-                **rope,
-            )
+            self.attn = MultiHeadLatentAttention.from_config(config)
         else:
-            self.attn = CausalSelfAttention(
-                config.n_embd,
-                config.n_head,
-                config.n_kv_head,
-                bias=config.bias,
-                qkv_bias=config.qkv_bias,
-                dropout=config.dropout,
-                pos=config.pos,
-                impl=config.attn_impl,
-                window=config.layer_window(layer),
-                **rope,
-            )
+            self.attn = CausalSelfAttention.from_config(config, layer)
         if not self.parallel:  # a parallel block shares norm1 between its two branches
             self.norm2 = make_norm(config)
         self.ffn = make_ffn(config)

@@ -1,10 +1,11 @@
 """The model's shape: ModelConfig, and the checks that refuse a setting no layer can honour.
 
 ModelConfig is a plain dataclass with a default and a one-line reason per field, as nanoGPT's
-``GPTConfig``. A checkpoint stores it (``asdict``) beside the weights, so a saved model can
-always be rebuilt; the training recipe, the presets and the ``--key=value`` overrides are
-decoder.training.config's. ``check_fields`` and ``check_choice`` are the type, range and
-choice checks both configs share.
+``GPTConfig``. It checks itself once, when it is made, and is frozen (a change is a new config,
+``dataclasses.replace``, checked again), so the Decoder and its layers trust it. A checkpoint
+stores it (``asdict``) beside the weights, so a saved model can always be rebuilt; the
+training recipe, the presets and the ``--key=value`` overrides are decoder.training.config's.
+``check_fields`` and ``check_choice`` are the type, range and choice checks both configs share.
 Left out on purpose: YAML/TOML config files (a preset plus overrides covers our runs).
 """
 
@@ -27,7 +28,7 @@ NORM_POSITIONS = ("pre", "post")
 ATTENTIONS = ("mha", "mla")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 65  # tiny Shakespeare has 65 distinct characters
     block_size: int = 64  # the context length: the most tokens the model attends over
@@ -67,16 +68,18 @@ class ModelConfig:
     v_head_dim: int | None = None  # MLA: per-head value width; None: head_size
 
     def __post_init__(self) -> None:
+        # subtle: frozen, so the defaults that depend on other fields are set past __setattr__
+        fill = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
+            fill("n_kv_head", self.n_head)
         if self.ffn_hidden is None:
             # swiglu has three matrices, so 2/3 of 4x keeps the parameter count of gelu's two
             hidden = 4 * self.n_embd if self.ffn == "gelu" else int(8 * self.n_embd / 3)
-            self.ffn_hidden = (hidden + 7) // 8 * 8  # a multiple of 8, kind to matmul kernels
+            fill("ffn_hidden", (hidden + 7) // 8 * 8)  # a multiple of 8, kind to matmul kernels
         if self.moe_hidden is None:
-            self.moe_hidden = self.ffn_hidden
+            fill("moe_hidden", self.ffn_hidden)
         if self.norm_eps is None:  # PyTorch's LayerNorm default; Llama's RMSNorm
-            self.norm_eps = 1e-5 if self.norm == "layer" else 1e-6
+            fill("norm_eps", 1e-5 if self.norm == "layer" else 1e-6)
         self.validate()
 
     def validate(self) -> None:

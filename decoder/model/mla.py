@@ -34,18 +34,21 @@ model would need that moved.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from decoder.model.attention import KVCache
-from decoder.model.positional import RoPE
+from decoder.model.positional import RoPE, rope_settings
 from minigrad import creation
 from minigrad.backend import xp_of
 from minigrad.functional.dropout import dropout
 from minigrad.functional.softmax import softmax
 from minigrad.nn import Dropout, Linear, Module
 from minigrad.tensor import Tensor
+
+if TYPE_CHECKING:  # for annotations only: decoder.model.config imports this module
+    from decoder.model.config import ModelConfig
 
 
 class MultiHeadLatentAttention(Module):
@@ -77,12 +80,14 @@ class MultiHeadLatentAttention(Module):
         rope_scaling: str | None = None,
         rope_factor: float = 1.0,
         rope_original_context: int | None = None,
+        checked: bool = False,
     ):
         super().__init__()
         hs = n_embd // n_head if n_head else 0
         nope_head_dim = hs if nope_head_dim is None else nope_head_dim
         v_head_dim = hs if v_head_dim is None else v_head_dim
-        check_mla(n_embd, n_head, kv_lora_rank, rope_head_dim, q_lora_rank, nope_head_dim)
+        if not checked:  # from_config: ModelConfig checked them when it was made
+            check_mla(n_embd, n_head, kv_lora_rank, rope_head_dim, q_lora_rank, nope_head_dim)
         self.n_embd, self.n_head, self.block_size = n_embd, n_head, block_size
         self.kv_lora_rank, self.q_lora_rank, self.rope_head_dim = (
             kv_lora_rank,
@@ -102,6 +107,22 @@ class MultiHeadLatentAttention(Module):
         self.dropout = dropout  # on the attention weights
         self.rng = np.random.default_rng(int(creation.default_rng().integers(2**63)))
         self.resid_dropout = Dropout(dropout)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> MultiHeadLatentAttention:
+        """The attention of a model of ``config`` (attention="mla")."""
+        return cls(
+            config.n_embd,
+            config.n_head,
+            config.kv_lora_rank,
+            config.rope_head_dim,
+            q_lora_rank=config.q_lora_rank,
+            nope_head_dim=config.nope_head_dim,
+            v_head_dim=config.v_head_dim,
+            dropout=config.dropout,
+            **rope_settings(config),
+            checked=True,
+        )
 
     def forward(
         self, x: Tensor, cache: KVCache | None = None, absorb: bool | None = None

@@ -71,7 +71,6 @@ class Decoder(Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        config.validate()  # again: a dataclass's fields can be changed after its construction
         self.config = config
         C = config.n_embd
         self.tok_emb = Embedding(config.vocab_size, C)
@@ -320,3 +319,17 @@ class Decoder(Module):
             yield token
             if token == stop_token:
                 return
+
+
+def build_model(config: ModelConfig, dtype: str = "float32", device: str = "cpu") -> Decoder:
+    """A new Decoder of ``config``, its weights drawn from minigrad's global generator, in
+    ``dtype`` (float64 for a float64 run; float32 otherwise, a float16 run's master weights
+    included) on ``device``: how every trainer and loader makes its model.
+
+    >>> build_model(ModelConfig(n_layer=1, n_head=2, n_embd=8), "float64").tok_emb.weight.dtype
+    dtype('float64')
+    """
+    model = Decoder(config)
+    if dtype == "float64":
+        model.double()
+    return model.to(device)

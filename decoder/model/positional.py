@@ -28,12 +28,16 @@ Models" (2023).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from minigrad.backend import xp_of
 from minigrad.nn import INIT_STD, Module, normal_parameter
 from minigrad.tensor import Tensor, concatenate
+
+if TYPE_CHECKING:  # for annotations only: decoder.model.config imports this module
+    from decoder.model.config import ModelConfig
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "yarn")  # or None: RoPE as trained
@@ -173,6 +177,17 @@ def rope_frequencies(
         freqs = (1 - gamma) * freqs / factor + gamma * freqs
         return freqs, 0.1 * math.log(factor) + 1.0
     return freqs, 1.0
+
+
+def rope_settings(config: ModelConfig) -> dict:
+    """The RoPE settings of an attention layer of a model of ``config``, as its keywords."""
+    return dict(
+        block_size=config.block_size,
+        rope_theta=config.rope_theta,
+        rope_scaling=config.rope_scaling,
+        rope_factor=config.rope_factor,
+        rope_original_context=config.rope_original_context,
+    )
 
 
 def check_rope_scaling(scaling: str | None, factor: float, original_context: int | None) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 import minigrad as mg
-from decoder.model.model import IGNORE_INDEX, Decoder
+from decoder.model.model import IGNORE_INDEX, Decoder, build_model
 
 USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|end|>"
 CHAT_TOKENS = (USER, ASSISTANT, END)
@@ -111,9 +111,8 @@ def add_chat_tokens(model: Decoder, vocab_size: int, seed: int) -> Decoder:
     if vocab_size < old:
         raise ValueError(f"add_chat_tokens: vocab_size={vocab_size} is below the model's {old}")
     mg.manual_seed(seed)  # the new rows' init
-    grown = Decoder(dataclasses.replace(model.config, vocab_size=vocab_size))
-    if model.tok_emb.weight.dtype == np.float64:
-        grown.double()
+    dtype = "float64" if model.tok_emb.weight.dtype == np.float64 else "float32"
+    grown = build_model(dataclasses.replace(model.config, vocab_size=vocab_size), dtype)
     state = grown.state_dict()
     for name, value in model.state_dict().items():  # NumPy copies
         if value.shape != state[name].shape:  # tok_emb.weight, lm_head.weight: (V, C)

@@ -6,7 +6,7 @@ decoder/post/instruct_data.py, or read from a JSONL file of ``{"prompt", "chosen
 lines), written in the chat template (decoder/post/chat.py). The policy starts as the checkpoint
 and trains; the reference is the same checkpoint, frozen. A response's log-likelihood is
 the sum of its tokens' log-probabilities (the prompt's targets are ignored); the loss is
-minigrad.functional.dpo_loss with ``beta`` = TrainConfig.dpo_beta, and the reference's
+decoder.post.losses.dpo_loss with ``beta`` = TrainConfig.dpo_beta, and the reference's
 log-likelihoods are computed once per batch without a graph. Training is decoder.training's
 loop (decoder/post/posttrain.py): progress bar, ``log.jsonl``, ``loss.png``, atomic checkpoints
 and exact resume; ``train_loss`` and ``val_loss`` are DPO losses, and each evaluation also
@@ -31,6 +31,7 @@ import minigrad as mg
 from decoder.model.model import Decoder
 from decoder.post.chat import add_chat_tokens
 from decoder.post.instruct_data import PreferenceDataset, generated, read_jsonl
+from decoder.post.losses import dpo_loss
 from decoder.post.posttrain import load_post_model, run_post, start_post_run
 from decoder.text.data import load_shakespeare
 from decoder.training.run import Run
@@ -65,7 +66,7 @@ class DPOObjective:
 
     def __call__(self, model: Decoder, x: np.ndarray, y: np.ndarray) -> Tensor:
         policy, ref = self.log_ratios(model, x, y)
-        return F.dpo_loss(policy[:, 0], policy[:, 1], ref[:, 0], ref[:, 1], beta=self.beta)
+        return dpo_loss(policy[:, 0], policy[:, 1], ref[:, 0], ref[:, 1], beta=self.beta)
 
     @mg.no_grad()
     def held_out(self, run: Run) -> dict[str, float]:

@@ -32,6 +32,7 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,8 @@ from decoder.training.config import TrainConfig
 from decoder.training.loop import lr_at
 from decoder.training.rundir import claim_dir
 from decoder.training.step import estimate_loss, train_step
-from minigrad.backend import reuse_freed_memory, to_numpy
+from minigrad.backend import to_numpy
+from minigrad.cpu_tuning import reuse_freed_memory
 from minigrad.fileio import atomic_write
 from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
 from minigrad.optim import AdamW, set_lr
@@ -98,7 +100,7 @@ def finetune(
     max_iters: int = 200,
     lr: float = 1e-3,
     seed: int = 1337,
-    device: str = "cpu",
+    device: str | None = "cpu",
     progress: bool = True,
     data_path: str | None = None,
     overwrite: bool = False,
@@ -109,7 +111,9 @@ def finetune(
 
     ``checkpoint`` is one of our checkpoints, or with ``pretrained`` a Hugging Face model
     directory or hub name (decoder/hf/pretrained.py), trained with TrainConfig's batch settings
-    and a context of ``block_size`` tokens (default: the model's). ``lr``, ``max_iters`` and
+    and a context of ``block_size`` tokens (default: the model's), on ``device`` (None: the one
+    the base checkpoint was trained on, as decoder.training.checkpoint.load_model's; the CPU
+    for a Hugging Face base). ``lr``, ``max_iters`` and
     ``seed`` become TrainConfig fields, so a value outside their range is a ValueError naming
     the field, as for decoder.train's.
 
@@ -123,56 +127,23 @@ def finetune(
     claim = claim_dir(out_dir, (ADAPTERS, SETTINGS, MERGED), SETTINGS, overwrite=overwrite)
     with claim as out_dir:
         model, tokenizer, base_cfg, base = _load_base(checkpoint, device, pretrained, block_size)
-        # the base run's batch size, evaluation batches and clipping, with this seed and a
-        # cosine schedule from lr to lr / 10 after a tenth of the steps: TrainConfig checks
-        # lr, max_iters and seed by the rules decoder.train's settings meet
-        cfg = dataclasses.replace(
-            base_cfg,
-            seed=seed,
-            device=device,
-            lr=lr,
-            min_lr=lr / 10,
-            max_iters=max_iters,
-            warmup_iters=max_iters // 10,
-            lr_decay_iters=max_iters,
-        )
+        cfg = _finetune_config(base_cfg, model.device, lr, max_iters, seed)
         data = TokenDataset(_encode(tokenizer, text, data_path or "the fine-tune text"))
         mg.manual_seed(seed)  # the adapters' A init and their dropout generators
-        wrapped = apply_lora(
-            model,
-            targets,
-            r=r,
-            alpha=alpha,
-            dropout=dropout,
-            per_head=per_head,
-            n_head=_head_counts(model) if per_head else None,
-        )
-        model.to(device)
+        lora = dict(r=r, alpha=alpha, dropout=dropout, per_head=per_head)
+        wrapped = _apply(model, targets, lora)
+        model.to(cfg.device)
         n_trainable = sum(p.size for p in model.parameters() if p.requires_grad)
         names = ", ".join(sorted({w.split(".")[-1] for w in wrapped}))
         say(
             f"LoRA on {len(wrapped)} layers ({names}): {n_trainable:,} trainable of "
             f"{model.num_parameters():,} parameters"
         )
-
-        T = model.config.block_size
-        before = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
-        say(f"val loss on the new text before fine-tuning: {before:.4f}")
-        t0 = time.perf_counter()
-        train_adapters(model, data, cfg, say)
-        after = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
-        say(
-            f"val loss on the new text after {max_iters} steps "
-            f"({time.perf_counter() - t0:.1f} s): {after:.4f}"
-        )
-
+        before, after = _train_scored(model, data, cfg, say)
         save_safetensors(out_dir / ADAPTERS, lora_state_dict(model))
         settings = {
-            "r": r,
-            "alpha": alpha,
+            **lora,
             "targets": list(targets),
-            "per_head": per_head,
-            "dropout": dropout,
             **base,
             "data": data_path,
             "max_iters": max_iters,
@@ -193,13 +164,38 @@ def finetune(
     }
 
 
+def _finetune_config(
+    base_cfg: TrainConfig, device: str, lr: float, max_iters: int, seed: int
+) -> TrainConfig:
+    """The base run's batch size, evaluation batches and clipping, with this seed and a cosine
+    schedule from lr to lr / 10 after a tenth of the steps: TrainConfig checks lr, max_iters
+    and seed by the rules decoder.train's settings meet."""
+    return dataclasses.replace(
+        base_cfg,
+        seed=seed,
+        device=device,
+        lr=lr,
+        min_lr=lr / 10,
+        max_iters=max_iters,
+        warmup_iters=max_iters // 10,
+        lr_decay_iters=max_iters,
+    )
+
+
+def _apply(model: Any, targets: Sequence[str], lora: dict[str, Any]) -> list[str]:
+    """Wrap ``targets`` in adapters of the settings ``lora`` (r, alpha, dropout, per_head, as
+    lora.json keeps them); returns the wrapped layers' names."""
+    n_head = _head_counts(model) if lora["per_head"] else None
+    return apply_lora(model, tuple(targets), **lora, n_head=n_head)
+
+
 def _load_base(
-    source: str | Path, device: str, pretrained: bool, block_size: int | None = None
+    source: str | Path, device: str | None, pretrained: bool, block_size: int | None = None
 ) -> tuple[Any, Any, TrainConfig, dict[str, Any]]:
     """The base model, its tokenizer, its training settings, and where it came from (for
     lora.json): one of our checkpoints, or a Hugging Face model."""
     if pretrained:
-        model, tokenizer = load_pretrained(source, device=device, block_size=block_size)
+        model, tokenizer = load_pretrained(source, device=device or "cpu", block_size=block_size)
         where = str(resolve_source(source).resolve())  # a hub name: its cache directory
         base = {"base_pretrained": where, "block_size": model.config.block_size}
         return model, tokenizer, TrainConfig(), {**base, "base_sha256": _digest(model)}
@@ -220,6 +216,22 @@ def _digest(model: Any) -> str:
         digest.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
         digest.update(array.data)
     return digest.hexdigest()
+
+
+def _train_scored(model: Any, data: TokenDataset, cfg: TrainConfig, say: Any) -> tuple[float, ...]:
+    """Train the adapters (``train_adapters``); the validation loss on the new text before
+    (the base model's: LoRA's B starts at zero) and after."""
+    T = model.config.block_size
+    before = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
+    say(f"val loss on the new text before fine-tuning: {before:.4f}")
+    t0 = time.perf_counter()
+    train_adapters(model, data, cfg, say)
+    after = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
+    say(
+        f"val loss on the new text after {cfg.max_iters} steps "
+        f"({time.perf_counter() - t0:.1f} s): {after:.4f}"
+    )
+    return before, after
 
 
 def train_adapters(model: Any, data: TokenDataset, cfg: TrainConfig, say: Any) -> None:
@@ -268,15 +280,8 @@ def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, An
             f"{settings['base_sha256'][:12]}...): it was retrained or replaced since. "
             f"Fine-tune again on it"
         )
-    apply_lora(
-        model,
-        tuple(settings["targets"]),
-        r=settings["r"],
-        alpha=settings["alpha"],
-        dropout=settings["dropout"],
-        per_head=settings["per_head"],
-        n_head=_head_counts(model) if settings["per_head"] else None,
-    )
+    lora = {k: settings[k] for k in ("r", "alpha", "dropout", "per_head")}
+    _apply(model, settings["targets"], lora)
     try:
         arrays, _ = load_safetensors(adapters_dir / ADAPTERS)
         load_lora_state_dict(model, arrays)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from decoder.model.config import ModelConfig
-from decoder.model.model import Decoder
+from decoder.model.model import Decoder, build_model
 from decoder.post.chat import add_chat_tokens, chat_tokenizer
 from decoder.training.checkpoint import (
     LATEST,
@@ -39,7 +39,7 @@ from decoder.training.checkpoint import (
     has_checkpoint,
     load_checkpoint,
 )
-from decoder.training.config import DEFAULT_PRESET, TrainConfig, build_configs
+from decoder.training.config import DEFAULT_PRESET, TrainConfig, build_configs, device_or_cpu
 from decoder.training.log import read_log
 from decoder.training.loop import loop
 from decoder.training.run import RUN_FILES, Run, generators, make_optimizer, restore
@@ -98,9 +98,7 @@ def load_post_model(path: str | Path, device: str = "cpu") -> tuple[Decoder, Any
     """A checkpoint's plain model (LoRA adapters merged), tokenizer and Checkpoint."""
     ckpt = load_checkpoint(path, with_optimizer=False)
     tokenizer = build_tokenizer(ckpt)
-    model = Decoder(ckpt.model_config)
-    if ckpt.train_config.dtype == "float64":
-        model.double()
+    model = build_model(ckpt.model_config, ckpt.train_config.dtype)
     lora = ckpt.extra.get("lora")
     if lora:
         wrap_lora(model, lora, ckpt.train_config.seed)
@@ -124,8 +122,9 @@ def start_post_run(
 ) -> Run:
     """The Run of a post-training of ``base`` in ``out_dir``, or with ``resume`` the run
     saved there (with its base, adapters and settings; ``overrides`` may change those that a
-    resume can). ``examples(block_size, seed)`` gives the examples and
-    ``make_data(examples, tokenizer, block_size)`` the dataset."""
+    resume can). It runs on the device ``overrides`` name, else its base's (or the resumed
+    run's), by decoder.training.config.device_or_cpu's rule. ``examples(block_size, seed)``
+    gives the examples and ``make_data(examples, tokenizer, block_size)`` the dataset."""
     ckpt = None
     if resume:
         if not has_checkpoint(out_dir):
@@ -136,9 +135,7 @@ def start_post_run(
             raise CheckpointError(f"{out_dir}: a resume cannot change --{fixed[0]}: drop it")
         train_cfg = post_config(ckpt.train_config, overrides, {})
         tokenizer = build_tokenizer(ckpt)
-        model = Decoder(ckpt.model_config)
-        if train_cfg.dtype == "float64":
-            model.double()
+        model = build_model(ckpt.model_config, train_cfg.dtype)
         lora = ckpt.extra.get("lora")
         extra = {k: v for k, v in ckpt.extra.items() if k != "elapsed_s"}
     else:
@@ -149,6 +146,8 @@ def start_post_run(
         tokenizer = chat_tokenizer(base_tokenizer)
         model = add_chat_tokens(model, tokenizer.vocab_size, train_cfg.seed)
         extra = {"base_checkpoint": str(base_ckpt.path.resolve()), "lora": lora}
+    device = device_or_cpu(train_cfg.device, requested="device" in overrides)
+    train_cfg = dataclasses.replace(train_cfg, device=device)
     chosen = examples(model.config.block_size, train_cfg.seed)
     extra["data_sha256"] = examples_fingerprint(chosen)
     if ckpt is not None and ckpt.extra.get("data_sha256") != extra["data_sha256"]:

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from decoder.model.config import ModelConfig
-from decoder.training.config import TrainConfig
+from decoder.training.config import TrainConfig, device_or_cpu
 from minigrad.backend import to_numpy
 from minigrad.fileio import atomic_write, fsync_dir
 from minigrad.serialization import load_safetensors, load_tree, save_safetensors, save_tree
@@ -383,23 +383,23 @@ def check_weights(
             )
 
 
-def load_model(path: str | os.PathLike, device: str = "cpu"):
+def load_model(path: str | os.PathLike, device: str | None = "cpu"):
     """The model and tokenizer of a checkpoint, ready for inference: ``(model, tokenizer, ckpt)``.
 
-    The model is in eval mode on ``device``, in the dtype it was trained in. Used by
-    decoder.generate and decoder.post.lora.
+    The model is in eval mode on ``device``, in the dtype it was trained in; ``device=None``
+    is the device it was trained on, or the CPU with a note where CUDA cannot run
+    (decoder.training.config.device_or_cpu). Used by decoder.generate and decoder.post.lora.
     """
     # here, not at the top: reading a checkpoint needs no model
-    from decoder.model.model import Decoder
+    from decoder.model.model import build_model
 
     ckpt = load_checkpoint(path, with_optimizer=False)
     tokenizer = build_tokenizer(ckpt)
-    model = Decoder(ckpt.model_config)
-    if ckpt.train_config.dtype == "float64":
-        model.double()
+    if device is None:
+        device = device_or_cpu(ckpt.train_config.device, requested=False)
+    model = build_model(ckpt.model_config, ckpt.train_config.dtype, device)
     check_weights(ckpt.weights, model.state_dict(), ckpt.path / WEIGHTS)
     model.load_state_dict(ckpt.weights)
-    model.to(device)
     model.eval()
     return model, tokenizer, ckpt
 

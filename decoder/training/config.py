@@ -5,12 +5,17 @@ TrainConfig is a plain dataclass with a default and a one-line reason per field,
 ModelConfig (decoder.model.config) is. A checkpoint stores both (``asdict``) beside the
 weights, so a saved run can always be rebuilt. Overrides are parsed against the field's
 type, never ``exec``'d.
+
+``device_or_cpu`` is the one device rule of the five commands: the device asked for with
+``--device``, which must be able to run; else the one the run or checkpoint was trained on
+("cpu" for a new Hugging Face base), or the CPU with a note where CUDA cannot run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +29,7 @@ from decoder.model.config import (
     check_fields,
 )
 from decoder.text.tokenizer import TOKENIZERS
-from minigrad.backend import DEVICES, MATMUL_PRECISIONS
+from minigrad.backend import DEVICES, MATMUL_PRECISIONS, DeviceUnavailableError, get_xp
 
 DTYPES = ("float32", "float64", "float16")  # float16: mixed precision, float32 masters
 
@@ -81,6 +86,29 @@ class TrainConfig:
                 f"TrainConfig.warmup_iters={self.warmup_iters} is longer than lr_decay_iters="
                 f"{self.lr_decay_iters} (which defaults to max_iters): lower --warmup_iters too"
             )
+
+
+def device_or_cpu(device: str, requested: bool) -> str:
+    """``device`` where this machine can run it. Where CUDA cannot run, a "cuda" that only a
+    preset, the resumed run or the base checkpoint chose becomes "cpu", with a note on stderr;
+    one the user ``requested`` (--device) raises DeviceUnavailableError, whose message says how
+    to install CuPy.
+
+    >>> device_or_cpu("cpu", requested=True)
+    'cpu'
+    """
+    try:
+        get_xp(device)  # imports CuPy for "cuda"
+    except DeviceUnavailableError as e:
+        if requested:
+            raise
+        print(
+            f"note: {e} Running on the CPU instead; pass --device=cpu to choose it "
+            "yourself, or --device=cuda to insist on the GPU.",
+            file=sys.stderr,
+        )
+        return "cpu"
+    return device
 
 
 # The allowed range of every numeric field (decoder.model.config.check_fields)

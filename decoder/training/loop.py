@@ -60,7 +60,7 @@ from decoder.training.log import (
 from decoder.training.run import RUN_FILES, Run, sample_prompt, save, start_run
 from decoder.training.rundir import claim_dir
 from decoder.training.step import TrainingDiverged, estimate_loss, train_step
-from minigrad.backend import reuse_freed_memory
+from minigrad.cpu_tuning import reuse_freed_memory
 from minigrad.optim import cosine_lr, set_lr
 
 if TYPE_CHECKING:  # decoder.training.dist imports mpi4py only when a run asks for it
@@ -193,23 +193,7 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
             while run.step < cfg.max_iters:
                 t0 = time.perf_counter()
                 lr = lr_at(run.step, cfg)
-                set_lr(run.optimizer, lr)
-                x, y = run.data.get_batch("train", B * ranks, T, run.rngs["batches"])
-                if run.dist is not None:  # (B * ranks, T) -> (B, T): this rank's share
-                    x, y = x[run.dist.rows(B)], y[run.dist.rows(B)]
-                loss = train_step(
-                    run.model,
-                    run.optimizer,
-                    x,
-                    y,
-                    cfg,
-                    run.step + 1,
-                    run.dist,
-                    run.scaler,
-                    loss_fn=run.loss_fn,
-                )
-                losses.append(loss)
-                run.step += 1
+                losses.append(take_step(run, lr, B))
 
                 dt = time.perf_counter() - t0
                 run.elapsed += dt
@@ -218,13 +202,7 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                 interval_steps += 1
                 tokens_per_s = B * ranks * T * interval_steps / interval_time
                 if run.step % cfg.log_interval == 0:
-                    bar.set_postfix(
-                        loss=f"{losses[-1]:.4f}",
-                        tok_s=f"{tokens_per_s:,.0f}",
-                        lr=f"{lr:.2e}",
-                        **expert_postfix(run.model.router_stats()),
-                        **({"scale": f"{run.scaler.scale:g}"} if run.scaler else {}),
-                    )
+                    bar.set_postfix(**_postfix(run, losses[-1], tokens_per_s, lr))
                 bar.update(1)
 
                 if run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters:
@@ -262,6 +240,31 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
         finally:
             bar.close()
     return losses, B * ranks * T * len(losses) / train_time if train_time > 0 else 0.0
+
+
+def take_step(run: Run, lr: float, B: int) -> float:
+    """One optimiser step at learning rate ``lr`` on this rank's ``B`` rows of the step's fresh
+    windows (decoder.training.step.train_step); returns its loss."""
+    ranks = run.dist.size if run.dist else 1
+    set_lr(run.optimizer, lr)
+    x, y = run.data.get_batch("train", B * ranks, run.model_cfg.block_size, run.rngs["batches"])
+    if run.dist is not None:  # (B * ranks, T) -> (B, T): this rank's share
+        x, y = x[run.dist.rows(B)], y[run.dist.rows(B)]
+    args = (run.train_cfg, run.step + 1, run.dist, run.scaler)
+    loss = train_step(run.model, run.optimizer, x, y, *args, loss_fn=run.loss_fn)
+    run.step += 1
+    return loss
+
+
+def _postfix(run: Run, loss: float, tokens_per_s: float, lr: float) -> dict[str, str]:
+    """The numbers the progress bar shows beside the step count."""
+    return {
+        "loss": f"{loss:.4f}",
+        "tok_s": f"{tokens_per_s:,.0f}",
+        "lr": f"{lr:.2e}",
+        **expert_postfix(run.model.router_stats()),
+        **({"scale": f"{run.scaler.scale:g}"} if run.scaler else {}),
+    }
 
 
 class _Interrupt:

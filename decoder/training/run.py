@@ -28,7 +28,7 @@ import numpy as np
 
 import minigrad as mg
 from decoder.model.config import ModelConfig
-from decoder.model.model import Decoder
+from decoder.model.model import Decoder, build_model
 from decoder.text.data import TokenDataset
 from decoder.text.stream import default_prompt
 from decoder.text.tokenizer import get_tokenizer
@@ -223,10 +223,7 @@ def start_run(
 
     # The model and optimiser. The global generator seeds the weights and each Dropout's own.
     mg.manual_seed(train_cfg.seed)
-    model = Decoder(model_cfg)
-    if train_cfg.dtype == "float64":
-        model.double()
-    model.to(train_cfg.device)
+    model = build_model(model_cfg, train_cfg.dtype, train_cfg.device)
     model.train()
     optimizer = make_optimizer(model, train_cfg)
     run = Run(

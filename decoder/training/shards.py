@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from minigrad.autograd import backward
-from minigrad.backend import blas_threads
+from minigrad.cpu_tuning import blas_threads
 from minigrad.nn import Module
 
 ALIGN = 64  # bytes: each parameter's view starts on a cache line

@@ -45,7 +45,7 @@ from decoder.text.data import TokenDataset
 from decoder.training.config import TrainConfig
 from decoder.training.mixed_precision import LossScaler
 from decoder.training.shards import fork_available, shard_pass, workers_for
-from minigrad.backend import blas_threads_settable, cpu_count
+from minigrad.cpu_tuning import blas_threads_settable, cpu_count
 from minigrad.nn import Dropout
 from minigrad.optim import Optimizer, clip_scale, grad_norm
 

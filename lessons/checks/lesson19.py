@@ -1,6 +1,7 @@
 """Checks of lesson 19 (from a base model to an assistant): ``masked_targets`` against
 decoder.post.chat's ``pad_batch``, ``response_logp`` against cross_entropy, and ``dpo_loss``
-against minigrad's fused DPO loss, each with the function that would answer it off limits."""
+against decoder.post.losses's fused DPO loss, each with the function that would answer it
+off limits."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from exercises import forbidden
 
 import minigrad as mg
 from decoder.model.model import IGNORE_INDEX
-from decoder.post import chat
+from decoder.post import chat, losses
 from decoder.post.chat import pad_batch
+from decoder.post.losses import DPOLoss
 from minigrad import functional as F
-from minigrad.functional.dpo import DPOLoss
 
 
 def test_masked_targets(fn):
@@ -65,8 +66,9 @@ def test_dpo_loss(fn):
     pc, pr, rc, rr = (-rng.uniform(5, 40, 8) for _ in range(4))
     refuse = "write the loss from the four log-likelihoods with NumPy"
     for beta in (0.1, 0.5, 2.0):
-        want = F.dpo_loss(*(mg.tensor(a, dtype="float64") for a in (pc, pr, rc, rr)), beta=beta)
-        with forbidden(fn, F, "dpo_loss", refuse), forbidden(fn, DPOLoss, "forward", refuse):
+        args = (mg.tensor(a, dtype="float64") for a in (pc, pr, rc, rr))
+        want = losses.dpo_loss(*args, beta=beta)
+        with forbidden(fn, losses, "dpo_loss", refuse), forbidden(fn, DPOLoss, "forward", refuse):
             got = float(fn(pc, pr, rc, rr, beta))
         assert math.isclose(got, want.item(), rel_tol=1e-9), (
             f"beta={beta}: got {got}, want {want.item()}: the mean of "

@@ -1,23 +1,28 @@
-"""Scaled dot-product attention: the readable path from Tensor ops, a dense one, FlashAttention.
+"""Scaled dot-product attention: the naive path from Tensor ops (the reference), and two faster
+ones: a dense Function and FlashAttention.
 
     o = softmax(q k^T / sqrt(hs) + bias, masked) v
 
 ``scaled_dot_product_attention`` takes q (B, nh, T, hs) and k, v (B, n_kv, S, hs) and offers
 three implementations of the same function:
 
-- ``impl="naive"``: every step an ordinary Tensor op (matmul, add, where, softmax, dropout,
-  matmul), so autograd differentiates it and a student can print any intermediate. It builds
-  the full (B, nh, T, S) score matrix, several times over in the backward.
-- ``impl="flash"``: one ``Function``, ``FlashAttention``, that calls the tiled FlashAttention-2
-  code (the NumPy twin in ``minigrad/kernels/flash_attention.py``, or the CUDA kernel for
-  float32 CuPy arrays) and saves only q, k, v, o and the row logsumexp: memory O(T) per row
-  instead of O(T * S). It has no attention dropout.
-- ``impl="dense"``: one ``Function``, ``DenseAttention``, with the naive path's math on raw
+- ``impl="naive"``, the reference: every step an ordinary Tensor op (matmul, add, where,
+  softmax, dropout, matmul), so autograd differentiates it and a student can print any
+  intermediate. It builds the full (B, nh, T, S) score matrix, several times over in the
+  backward. The other two are tested equal to it (tests/minigrad/test_attention.py).
+- ``impl="dense"``, a fast path of the same math: one ``Function``, ``DenseAttention``, on raw
   arrays: the whole (T, S) probability matrix in one piece, the mask added in place, and the
   backward written out by hand (the flash path's formulas, with P kept instead of rebuilt).
   Same memory as the naive path's single P, about 70% of its time at short contexts, where
   the naive path's dozen small ops cost more than their arithmetic. No attention dropout.
-- ``impl="auto"`` (the default) picks among them; see ``choose_impl``.
+- ``impl="flash"``: one ``Function``, ``FlashAttention``, that calls the tiled FlashAttention-2
+  code (the NumPy twin in ``minigrad/kernels/flash_attention.py``, or the CUDA kernel for
+  float32 CuPy arrays) and saves only q, k, v, o and the row logsumexp: memory O(T) per row
+  instead of O(T * S). It has no attention dropout.
+- ``impl="auto"`` (the default) picks one by device and size (``choose_impl``): on the CPU
+  dense below ``FLASH_MIN_T`` (512) queries and flash from there, on the GPU naive wherever
+  its score matrices fit; naive everywhere when ``minigrad.set_fast_paths(False)`` asks for
+  the plain forms (on a GPU, flash only where naive would not fit in memory).
 
 Conventions shared with the kernels: grouped-query attention (query head h reads kv head
 h // (nh // n_kv)); the causal mask is aligned to the end, as with a KV cache (query i sees
@@ -42,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from minigrad.autograd import Context, Function
-from minigrad.backend import to_numpy, xp_of
+from minigrad.backend import fast_paths_enabled, to_numpy, xp_of
 from minigrad.functional.dropout import check_p, dropout
 from minigrad.functional.inputs import check_floating, check_same_dtype
 from minigrad.functional.rows import dot_last, exp_shifted, widen
@@ -141,16 +146,18 @@ def choose_impl(
 ) -> str:
     """Resolve ``impl="auto"`` to "naive", "dense" or "flash" (any other impl is returned as is).
 
-    On CuPy: naive where its score-sized arrays fit (``naive_fits``), as it took 0.66-0.80 of
-    the CUDA kernel's time from T=1024 to 8192 on an NVIDIA H200 on 2026-11-27 (see the note
-    above ``NAIVE_SCORE_ARRAYS``; to be revisited when the new kernel is measured); the kernel
-    where they do not, and for a sliding ``window``, whose tiles outside the band the kernel
-    skips (not measured on a GPU yet); naive wherever the kernel does not apply (float32,
-    16 <= hs <= 128, S >= T).
-    On NumPy: flash from ``FLASH_MIN_T`` queries on (see the benchmark note above), dense
-    below (the naive path's math in one Function, about 1.4 times as fast at
-    B=12, nh=4, T=64, hs=32).
-    Both: naive when attention dropout is active, which only the naive path implements.
+    Naive, the reference, when attention dropout is active (only the naive path has it) and
+    wherever the fast paths are off (``minigrad.set_fast_paths(False)``), except on a GPU where
+    its score arrays would not fit (then the CUDA kernel). With the fast paths on (the default):
+    - on NumPy: dense below ``FLASH_MIN_T`` queries, flash from there (see the benchmark note
+      above ``FLASH_MIN_T``). Dense is the naive path's math in one Function, about 1.4 times
+      as fast at B=12, nh=4, T=64, hs=32, and tested equal to it;
+    - on CuPy: naive where its score-sized arrays fit (``naive_fits``), as it took 0.66-0.80 of
+      the CUDA kernel's time from T=1024 to 8192 on an NVIDIA H200 on 2026-11-27 (see the note
+      above ``NAIVE_SCORE_ARRAYS``; to be revisited when the new kernel is measured); the kernel
+      where they do not, and for a sliding ``window``, whose tiles outside the band the kernel
+      skips (not measured on a GPU yet); naive wherever the kernel does not apply (float32,
+      16 <= hs <= 128, S >= T).
 
     >>> import minigrad as mg
     >>> choose_impl(mg.zeros(1, 1, 8, 4), mg.zeros(1, 1, 8, 4))
@@ -162,10 +169,14 @@ def choose_impl(
         return impl
     if training and dropout_p > 0:
         return "naive"
+    fast_paths = fast_paths_enabled()
     if xp_of(q.data) is not np:
         if not kernel_supports(q, k):
             return "naive"
-        return "flash" if window is not None or not naive_fits(q, k) else "naive"
+        band = window is not None and fast_paths  # the kernel skips the tiles outside the band
+        return "flash" if band or not naive_fits(q, k) else "naive"
+    if not fast_paths:
+        return "naive"
     T, S = q.shape[2], k.shape[2]
     # subtle: S < T (possible without the causal mask) is outside the tiled code's contract
     return "flash" if FLASH_MIN_T <= T <= S else "dense"

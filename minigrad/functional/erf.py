@@ -4,7 +4,8 @@ GELU's exact form needs the standard normal CDF, Phi(x) = erfc(-x / sqrt 2) / 2.
 erf, and we take no scipy, so ``erfc`` implements W. J. Cody's rational Chebyshev
 approximations ("Rational Chebyshev approximations for the error function", Math. Comp. 23,
 1969; Netlib SPECFUN ``calerf``), accurate to about 1e-16 in float64. On CuPy arrays both
-functions call ``cupyx.scipy.special``, the same functions as GPU kernels.
+functions call ``cupyx.scipy.special``, the same functions as GPU kernels. The standard
+normal's constants that GELU's plain and fast forms share live here too.
 
 Left out on purpose: the inverse error function and complex arguments; no gradient (these
 are array functions; ``GeluExact`` differentiates Phi itself).
@@ -20,6 +21,13 @@ import numpy as np
 from minigrad.backend import xp_of
 
 INV_SQRT_PI = 1.0 / math.sqrt(math.pi)
+
+# The standard normal's constants, for GELU's plain forms (activations.py) and fast ones (fast.py)
+INV_SQRT_2 = 1.0 / math.sqrt(2.0)  # Phi(x) = erfc(-x / sqrt 2) / 2
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)  # the density's constant
+# Phi(x) ~ (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2 (Hendrycks and Gimpel 2016), GPT-2's
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+GELU_CUBIC = 0.044715
 
 # Cody's coefficients (Netlib SPECFUN calerf), lowest index first as published.
 # |x| <= 0.46875:  erf(x) = x A(x^2) / B(x^2)

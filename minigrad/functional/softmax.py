@@ -2,9 +2,9 @@
 
 Softmax does not change when every logit of a row moves by the same constant, so both shift
 the logits before exponentiating, and logits of 1e4 give exact probabilities instead of
-inf / inf = nan. Softmax shifts only where exp could overflow or a row underflow
-(``exp_shifted`` in rows.py says where and why); log-softmax always subtracts each row's max,
-which keeps log p exact near the max.
+inf / inf = nan. Both subtract each row's max (``exp_shifted`` in rows.py), which keeps log p
+exact near the max; softmax's fast path skips that shift where no exp can overflow and no row
+underflows (``fast.exp_shifted`` says where and why).
 
 Built from primitives, softmax takes five ops (max, sub, exp, sum, div), each saving arrays for
 its own backward; fused, it is one op that saves only its output y, because the whole Jacobian

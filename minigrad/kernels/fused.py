@@ -10,7 +10,7 @@ plain form makes several, each a CuPy ``ElementwiseKernel``: a C snippet run onc
 
 Row reductions (a LayerNorm's mean and variance) stay the plain form's: one ``einsum`` or
 matrix product each, already one kernel; only what lies between them is fused. The ops call
-these where ``backend.use_fused`` says so (a GPU array and ``set_fused_kernels(True)``, the
+these where ``backend.use_fused`` says so (a GPU array and ``set_fast_paths(True)``, the
 default), and run the plain form otherwise; tests/minigrad/test_fused_kernels.py holds each
 fused form equal to its plain form on the CuPy stand-in, in float64 and float32.
 

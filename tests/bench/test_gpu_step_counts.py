@@ -19,7 +19,8 @@ spec.loader.exec_module(gpu_step_counts)
 LAUNCHES = 521
 
 
-def test_a_step_makes_no_generator_reads_two_numbers_and_keeps_its_launches(fake_cupy):
+def test_a_step_makes_no_generator_reads_two_numbers_and_keeps_its_launches(fake_cupy, fast_paths):
+    fast_paths(True)  # the launches of the fused kernels
     counts = gpu_step_counts.step_counts(cupy=fake_cupy)
     step = counts["step"]
     assert step["generators_created"] == 0  # dropout's masks come from a counter, not a generator
@@ -33,18 +34,16 @@ def test_a_step_makes_no_generator_reads_two_numbers_and_keeps_its_launches(fake
     assert "6 layers, 6 heads" in gpu_step_counts.report(counts)
 
 
-def test_the_sites_add_up_to_the_step_s_launches_and_the_plain_form_launches_more(fake_cupy):
+def test_the_sites_add_up_to_the_step_s_launches_and_the_plain_form_launches_more(
+    fake_cupy, fast_paths
+):
     import collections
 
-    import minigrad as mg
-
+    fast_paths(True)
     sites = collections.Counter()
     fused = gpu_step_counts.step_counts(cupy=fake_cupy, sites=sites)["step"]["kernel_launches"]
     assert sum(sites.values()) == fused
     assert any("layer_norm_forward" in where for where in sites)  # the fused LayerNorm ran
-    mg.set_fused_kernels(False)
-    try:
-        plain = gpu_step_counts.step_counts(cupy=fake_cupy)["step"]["kernel_launches"]
-    finally:
-        mg.set_fused_kernels(True)
+    fast_paths(False)
+    plain = gpu_step_counts.step_counts(cupy=fake_cupy)["step"]["kernel_launches"]
     assert plain > fused + 200  # LayerNorm, GELU, dropout, softmax and AdamW each unfused

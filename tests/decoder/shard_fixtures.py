@@ -11,7 +11,7 @@ import pytest
 
 import decoder.training.shards as shards_module
 import decoder.training.step as step_module
-from minigrad import backend
+from minigrad import cpu_tuning
 
 
 @pytest.fixture(autouse=True)
@@ -19,9 +19,9 @@ def sharding(monkeypatch):
     """Sharding on wherever this runs: a BLAS whose count we cannot set, or one core, would
     otherwise turn it off (or run the shards one after another), and the tests would compare
     the unsharded step with itself. (Here the BLAS count is only not changed, not wrong.)"""
-    if not backend.blas_threads_settable():
+    if not cpu_tuning.blas_threads_settable():
         monkeypatch.setattr(step_module, "blas_threads_settable", lambda: True)
-    if backend.cpu_count() < 2:
+    if cpu_tuning.cpu_count() < 2:
         monkeypatch.setattr(step_module, "cpu_count", lambda: 2)
 
 

@@ -1,6 +1,6 @@
 """Direct preference optimisation: the sequence log-likelihoods, the frozen reference, the
 held-out numbers, exact resume of decoder.dpo, and its command-line errors. The loss itself
-(its gradient, PyTorch's numbers) is tested in tests/minigrad/test_dpo_loss.py."""
+(its gradient, PyTorch's numbers) is tested in tests/decoder/test_dpo_loss.py."""
 
 from __future__ import annotations
 

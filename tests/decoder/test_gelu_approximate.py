@@ -9,6 +9,7 @@ in test_pretrained.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -95,7 +96,8 @@ def _old_run(run, preset: str) -> None:
     run saved before the field existed (trained with the then hard-coded tanh GELU)."""
     tok = CharTokenizer.from_text(TEXT)
     model_cfg, train_cfg = build_configs(preset, vocab_size=tok.vocab_size)
-    model_cfg.gelu_approximate = "tanh"  # what the MLP then computed, whatever the preset
+    # what the MLP then computed, whatever the preset
+    model_cfg = dataclasses.replace(model_cfg, gelu_approximate="tanh")
     ckpt_dir = save_checkpoint(
         run,
         step=1,

@@ -1,5 +1,5 @@
 """decoder's layout: five rooms with one-way arrows, the commands on top, no import cycle, and
-every file under 500 lines (issue 27).
+every file under 500 lines and every function under 80 (issue 27).
 
 The import graph is read from the source with ``ast``, every ``import`` counted wherever it
 stands (a function's lazy import is still an arrow), except those under ``if TYPE_CHECKING:``,
@@ -30,6 +30,7 @@ ALLOWED = {
     "post": {"post", "training", "model", "text", "hf"},
 }
 MAX_LINES = 500
+MAX_FUNCTION_LINES = 80
 
 
 def module_name(path: Path) -> str:
@@ -144,6 +145,15 @@ def test_there_is_no_import_cycle():
 def test_every_file_is_under_500_lines(path):
     n = len(path.read_text(encoding="utf-8").splitlines())
     assert n < MAX_LINES, f"{path.name} has {n} lines"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_every_function_is_under_80_lines(path):
+    """A function that fits on a screen reads as the steps it takes (STYLE.md)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            n = node.end_lineno - node.lineno + 1
+            assert n < MAX_FUNCTION_LINES, f"{path.name}: {node.name} has {n} lines"
 
 
 def test_python_m_decoder_lists_the_five_commands():

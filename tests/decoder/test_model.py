@@ -2,6 +2,7 @@
 the whole model, weight tying, the parameter count, errors, sampling settings, and that a
 tiny model overfits one batch."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -214,11 +215,14 @@ def test_errors_name_the_problem():
         ("dropout", float("nan"), r"ModelConfig.dropout .*got nan"),
     ],
 )
-def test_a_config_edited_after_construction_is_checked_by_the_model(field, value, message):
+def test_a_config_cannot_be_edited_past_its_checks(field, value, message):
+    """The config checks itself once, when it is made, and the model trusts it: it is frozen,
+    so an edit is a new config (dataclasses.replace), checked again."""
     config = tiny()
-    setattr(config, field, value)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(config, field, value)
     with pytest.raises(ValueError, match=message):
-        Decoder(config)
+        dataclasses.replace(config, **{field: value})
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from decoder.training import step as step_module
 from decoder.training.config import TrainConfig, build_configs
 from decoder.training.mixed_precision import LossScaler
 from decoder.training.step import TrainingDiverged, lm_loss, shard_count, train_step
-from minigrad import backend
+from minigrad import cpu_tuning
 from minigrad.nn import Dropout
 from minigrad.optim import SGD, AdamW, param_groups_for_decay
 from tests.decoder.shard_fixtures import no_workers_left, sharding  # noqa: F401 (autouse)
@@ -284,14 +284,14 @@ def test_a_nan_loss_raises_with_two_shards_and_leaves_the_weights_and_workers_al
 
 
 @pytest.mark.skipif(
-    not backend.blas_threads_settable(), reason="NumPy's BLAS here is not a settable OpenBLAS"
+    not cpu_tuning.blas_threads_settable(), reason="NumPy's BLAS here is not a settable OpenBLAS"
 )
 def test_each_shard_runs_on_a_one_thread_blas_and_the_step_gives_the_count_back(
     monkeypatch, tmp_path
 ):
-    if backend.cpu_count() < 2 or not shards_module.fork_available():
+    if cpu_tuning.cpu_count() < 2 or not shards_module.fork_available():
         pytest.skip("no workers here: the shards run in turn, with the BLAS's own count")
-    get = backend._blas[1]
+    get = cpu_tuning._blas[1]
     before = get()
     log = tmp_path / "blas.log"  # the worker's loss runs in another process: it writes here
 

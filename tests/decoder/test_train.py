@@ -91,7 +91,7 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkey
                     loss = loss * float("nan")
             return logits, loss
 
-    monkeypatch.setattr(tr, "Decoder", Poisoned)
+    monkeypatch.setattr("decoder.model.model.Decoder", Poisoned)  # what build_model builds
     model_cfg, train_cfg = configs()
     with pytest.raises(TrainingDiverged, match=r"loss is nan at step 7.*checkpoint of step 4"):
         train(model_cfg, train_cfg, TEXT, tmp_path, progress=False)

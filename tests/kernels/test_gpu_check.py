@@ -184,7 +184,7 @@ def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
     assert steps[0].command[-3:] == ["-n", "8", "tests"] and "8 xdist workers" in steps[0].title
     assert steps[1].command[-1] == "--kernel-split"
     assert steps[-2].command[-1] == "--matmul-precision=highest" and "100" in steps[-2].title
-    assert steps[-1].command[:2] == ["env", "MINIGRAD_FUSED_KERNELS=0"]
+    assert steps[-1].command[:2] == ["env", "MINIGRAD_FAST_PATHS=0"]
     assert steps[3].command[-1] == "--no-emulate" and steps[3].absent == ""
     assert steps[4].command[-3:] == ["--iters", "300", "--quiet"] and "cuda" in steps[4].command
     assert steps[5].command[:5] == [sanitizer, "--tool", "memcheck", "--error-exitcode", "1"]

@@ -34,6 +34,7 @@ import minigrad as mg
 from decoder.hf.pretrained import to_ours
 from decoder.model.positional import RoPE, rope_frequencies
 from decoder.post.chat import pad_batch
+from decoder.post.losses import dpo_loss
 from decoder.text.bpe import BPETokenizer, merge_pair, split_text
 from decoder.training.config import TrainConfig
 from decoder.training.step import train_step
@@ -692,7 +693,7 @@ def dpo_loss_without_reference(pc, pr, rc, rr, beta):
 
 
 def dpo_loss_library(pc, pr, rc, rr, beta):
-    return F.dpo_loss(*(mg.tensor(a, dtype="float64") for a in (pc, pr, rc, rr)), beta=beta).item()
+    return dpo_loss(*(mg.tensor(a, dtype="float64") for a in (pc, pr, rc, rr)), beta=beta).item()
 
 
 WRONG = [

@@ -232,7 +232,8 @@ def test_flash_saves_only_q_k_v_o_and_lse(rng):
 
 
 # ---- dispatch and dropout --------------------------------------------------------------------
-def test_auto_picks_dense_below_the_threshold_and_flash_from_it_on(rng):
+def test_auto_picks_dense_below_the_threshold_and_flash_from_it_on(rng, fast_paths):
+    fast_paths(True)
     for T, impl in ((1, "dense"), (FLASH_MIN_T - 1, "dense"), (FLASH_MIN_T, "flash")):
         q, k, v, _ = random_inputs(rng, 1, 1, 1, T, T, 4, np.float32)
         q, k, v = (mg.tensor(a, requires_grad=True) for a in (q, k, v))
@@ -256,10 +257,13 @@ def test_auto_picks_dense_below_the_threshold_and_flash_from_it_on(rng):
     ]
 
 
-def test_auto_on_cupy_takes_naive_where_it_fits_and_the_kernel_where_it_does_not(fake_cupy):
+def test_auto_on_cupy_takes_naive_where_it_fits_and_the_kernel_where_it_does_not(
+    fake_cupy, fast_paths
+):
     """On the GPU (the stand-in): naive while NAIVE_SCORE_ARRAYS (B, nh, T, S) float32 arrays
     fit in NAIVE_MEMORY_SHARE of the free memory (the pool's unused blocks counted), else the
     kernel; the kernel for a window; naive where the kernel does not apply."""
+    fast_paths(True)
     B, nh, T, S = 4, 8, 4096, 4096
     q, k = mg.zeros(B, nh, T, 64, device="cuda"), mg.zeros(B, nh, S, 64, device="cuda")
     need = NAIVE_SCORE_ARRAYS * B * nh * T * S * 4  # 10 GiB, as measured at T=4096
@@ -336,8 +340,9 @@ def test_errors(q, k, v, kwargs, match):
 
 @pytest.mark.summation_order
 @pytest.mark.parametrize("alibi", [False, True])
-def test_non_causal_with_fewer_keys_than_queries_runs_dense(alibi, rng):
+def test_non_causal_with_fewer_keys_than_queries_runs_dense(alibi, rng, fast_paths):
     """S < T is outside the tiled code's contract but not the dense path's: auto picks it."""
+    fast_paths(True)
     arrays = random_inputs(rng, 2, 4, 2, 5, 3, 4)
     kw = dict(causal=False, alibi_slopes=slopes_for(4) if alibi else None)
     ctx, got = run(arrays, **kw)  # impl="auto"

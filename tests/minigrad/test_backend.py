@@ -1,5 +1,5 @@
-"""The CPU side of minigrad.backend: how freed memory is handled and scatter_add's two paths
-(the rest is tested through every op, and on the GPU in test_cuda_backend.py)."""
+"""How minigrad.cpu_tuning keeps freed memory, and scatter_add's two paths on the CPU (the rest
+of minigrad.backend is tested through every op, and on the GPU in test_cuda_backend.py)."""
 
 import subprocess
 import sys
@@ -8,7 +8,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from minigrad.backend import reuse_freed_memory, scatter_add
+from minigrad.backend import scatter_add
+from minigrad.cpu_tuning import reuse_freed_memory
 
 # Allocate and free four 400 kB arrays, 100 times, and print the page faults per round: with
 # glibc's default policy the freed top of the heap goes back to the OS and comes back faulting.
@@ -16,7 +17,7 @@ FAULTS_PER_ROUND = textwrap.dedent(
     """
     import resource, sys
     import numpy as np
-    from minigrad.backend import reuse_freed_memory
+    from minigrad.cpu_tuning import reuse_freed_memory
     if sys.argv[1] == "reuse":
         assert reuse_freed_memory()
     def round_trip():

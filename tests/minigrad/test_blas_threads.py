@@ -1,5 +1,5 @@
-"""Thread-safe training's two engine pieces: ``backend.blas_threads`` (hold NumPy's OpenBLAS to
-n threads for a block, then give its count back) and ``autograd.backward(into=dict)`` (leaf
+"""Thread-safe training's two engine pieces: ``cpu_tuning.blas_threads`` (hold NumPy's OpenBLAS
+to n threads for a block, then give its count back) and ``autograd.backward(into=dict)`` (leaf
 gradients into a dict instead of ``.grad``, so threads can share parameters).
 
 The BLAS tests read the count through the getter ``blas_threads_settable`` found, and skip
@@ -14,25 +14,25 @@ import numpy as np
 import pytest
 
 import minigrad as mg
-from minigrad import backend
+from minigrad import cpu_tuning
 from minigrad.autograd import backward
 from tests.support.numerics import assert_close
 
 needs_settable_blas = pytest.mark.skipif(
-    not backend.blas_threads_settable(),
+    not cpu_tuning.blas_threads_settable(),
     reason="NumPy's BLAS here is not an OpenBLAS whose thread count blas_threads can set",
 )
 
 
 def blas_count() -> int:
-    return backend._blas[1]()  # the getter: (setter, getter) once settable
+    return cpu_tuning._blas[1]()  # the getter: (setter, getter) once settable
 
 
 def another_count(count: int) -> int:
     """A count other than ``count`` to hold the BLAS to, so that a missed restore shows."""
     if count != 1:
         return 1
-    if backend.cpu_count() < 2:
+    if cpu_tuning.cpu_count() < 2:
         pytest.skip("one core: OpenBLAS caps its count at the cores, so no other count exists")
     return 2
 
@@ -40,12 +40,12 @@ def another_count(count: int) -> int:
 @pytest.fixture(autouse=True)
 def _restore_blas_count():
     """Give the BLAS its count back even when a test here fails, so other tests keep it."""
-    if not backend.blas_threads_settable():
+    if not cpu_tuning.blas_threads_settable():
         yield
         return
     before = blas_count()
     yield
-    backend._blas[0](before)
+    cpu_tuning._blas[0](before)
 
 
 # ---- blas_threads ------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ def _restore_blas_count():
 def test_blas_threads_holds_the_count_inside_and_restores_it_after():
     before = blas_count()
     n = another_count(before)
-    with backend.blas_threads(n) as held:
+    with cpu_tuning.blas_threads(n) as held:
         assert blas_count() == n
         assert held.previous == before
     assert blas_count() == before
@@ -63,7 +63,7 @@ def test_blas_threads_holds_the_count_inside_and_restores_it_after():
 def test_blas_threads_restores_the_count_when_the_block_raises():
     before = blas_count()
     n = another_count(before)
-    with pytest.raises(KeyError), backend.blas_threads(n):
+    with pytest.raises(KeyError), cpu_tuning.blas_threads(n):
         assert blas_count() == n
         raise KeyError("inside")
     assert blas_count() == before
@@ -71,14 +71,14 @@ def test_blas_threads_restores_the_count_when_the_block_raises():
 
 @needs_settable_blas
 def test_blas_threads_nests_each_level_restoring_its_own():
-    if backend.cpu_count() < 2:
+    if cpu_tuning.cpu_count() < 2:
         pytest.skip("one core: OpenBLAS caps its count at the cores, so 1 and 2 are the same")
     before = blas_count()
-    with backend.blas_threads(2):
+    with cpu_tuning.blas_threads(2):
         assert blas_count() == 2
-        with backend.blas_threads(1):
+        with cpu_tuning.blas_threads(1):
             assert blas_count() == 1
-            with backend.blas_threads(1):  # the same count: a no-op that must not restore 2
+            with cpu_tuning.blas_threads(1):  # the same count: a no-op that must not restore 2
                 assert blas_count() == 1
             assert blas_count() == 1
         assert blas_count() == 2
@@ -86,16 +86,16 @@ def test_blas_threads_nests_each_level_restoring_its_own():
 
 
 def test_blas_threads_is_a_no_op_where_the_count_cannot_be_set(monkeypatch):
-    monkeypatch.setattr(backend, "_blas", None)  # looked for, not found
-    assert not backend.blas_threads_settable()
-    with backend.blas_threads(1) as held:
+    monkeypatch.setattr(cpu_tuning, "_blas", None)  # looked for, not found
+    assert not cpu_tuning.blas_threads_settable()
+    with cpu_tuning.blas_threads(1) as held:
         assert held.previous is None
     a = np.ones((4, 4))
     np.testing.assert_array_equal(a @ a, np.full((4, 4), 4.0))
 
 
 def test_cpu_count_is_a_positive_int():
-    n = backend.cpu_count()
+    n = cpu_tuning.cpu_count()
     assert isinstance(n, int) and n >= 1
 
 

@@ -40,7 +40,8 @@ def _import(name: str):
 
 
 @pytest.mark.parametrize("name", MODULES)
-def test_docstring_examples(name, capsys):
+def test_docstring_examples(name, capsys, fast_paths):
+    fast_paths(True)  # the examples show the defaults
     result = doctest.testmod(_import(name), verbose=False)
     report = capsys.readouterr().out
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed:\n{report}"

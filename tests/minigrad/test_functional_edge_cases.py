@@ -293,39 +293,10 @@ def _attention_cases() -> dict[str, list]:
     }
 
 
-def _dpo_cases() -> dict[str, list]:
-    """dpo_loss(pc, pr, rc, rr) against -logsigmoid(beta * ((pc - rc) - (pr - rr))).mean()."""
-    beta = 0.5
-
-    def torch_dpo(pc, pr, rc, rr):
-        return -tf.logsigmoid(beta * ((pc - rc) - (pr - rr))).mean()
-
-    def case(args, name):
-        return Case(lambda *a: F.dpo_loss(*a, beta=beta), torch_dpo, args, f"dpo_loss {name}")
-
-    rng = np.random.default_rng(0)
-    pairs = [rng.standard_normal(3) for _ in range(4)]
-    return {
-        "zero_d": [case(tuple(np.array(v) for v in (-1.0, -3.0, -2.0, -2.5)), "0-d")],
-        "empty": [case((np.zeros(0),) * 4, "no pairs")],
-        "nonfinite": [
-            case((SPECIAL.copy(), np.zeros(8), np.zeros(8), np.zeros(8)), "policy chosen"),
-            case((np.zeros(8), SPECIAL.copy(), np.zeros(8), np.zeros(8)), "policy rejected"),
-            case((np.full(3, -1e4), np.zeros(3), np.zeros(3), np.zeros(3)), "margin -5000"),
-        ],
-        "ties": [case((np.full(3, -2.0),) * 4, "z = 0")],
-        "broadcast": [
-            case((pairs[0], pairs[1], np.array(-1.0), np.array(-2.0)), "0-d references"),
-            case((pairs[0][:, None], pairs[1][None, :], pairs[2][:, None], pairs[3]), "(3,1)x(3,)"),
-        ],
-    }
-
-
 EDGE_CASES: dict[str, dict[str, list]] = {
     "softmax": _row_wise("softmax", F.softmax, tf.softmax),
     "log_softmax": _row_wise("log_softmax", F.log_softmax, tf.log_softmax),
     "cross_entropy": _cross_entropy_cases(),
-    "dpo_loss": _dpo_cases(),
     "layer_norm": _norm_cases("layer_norm"),
     "rms_norm": _norm_cases("rms_norm"),
     "gelu": {
@@ -371,12 +342,6 @@ INTEGER_INPUTS: dict[str, tuple[Callable, Callable, tuple, str | None]] = {
         tf.cross_entropy,
         (np.ones((2, 3), int), np.array([0, 2])),
         "cross_entropy: logits must",
-    ),  # fmt: skip
-    "dpo_loss": (
-        F.dpo_loss,
-        lambda *a: -tf.logsigmoid((a[0] - a[2]) - (a[1] - a[3])).mean(),
-        (np.arange(3),) * 4,
-        "dpo_loss: policy_chosen must",
     ),  # fmt: skip
     "layer_norm": (
         F.layer_norm,

@@ -1,6 +1,6 @@
 """The GPU's fused kernels (minigrad/kernels/fused.py) equal the plain forms they replace.
 
-Each op runs twice on the same device and data: with ``set_fused_kernels(True)`` (the fused
+Each op runs twice on the same device and data: with ``set_fast_paths(True)`` (the fused
 kernels) and ``False`` (the plain form, the array operations a lesson shows, itself checked
 against the CPU and PyTorch elsewhere). Outputs and gradients agree to the dtype's tolerance,
 and bit for bit where no sum is reordered (dropout); the fused forms pass a float64 gradcheck;
@@ -25,17 +25,15 @@ DTYPES = [np.float64, np.float32]
 
 
 @pytest.fixture
-def gpu(request):
-    """The GPU where CuPy sees one, else the CuPy stand-in; the switch back on afterwards."""
-    cupy = None if mg.cuda_available() else request.getfixturevalue("fake_cupy")
-    yield cupy
-    mg.set_fused_kernels(True)
+def gpu(request, fast_paths):
+    """The GPU where CuPy sees one, else the CuPy stand-in; the switch back as it was after."""
+    return None if mg.cuda_available() else request.getfixturevalue("fake_cupy")
 
 
 def _run(fn, arrays, fused, grad_seed=0):
     """fn's output and the gradients of its inputs, on the GPU, fused or plain; also the
     stand-in's launches of the forward and the backward (None on a real GPU)."""
-    mg.set_fused_kernels(fused)
+    mg.set_fast_paths(fused)
     xs = [mg.tensor(a).to("cuda").requires_grad_() for a in arrays]
     cupy = backend._cupy
     count = getattr(cupy, "kernel_launches", None)
@@ -178,16 +176,16 @@ def test_the_switch_chooses_the_plain_form_and_refuses_anything_but_a_bool(gpu):
     w, b = np.ones(6), np.zeros(6)
     *_, fused = _run(lambda x, w, b: F.layer_norm(x, w, b), [x, w, b], fused=True)
     *_, plain = _run(lambda x, w, b: F.layer_norm(x, w, b), [x, w, b], fused=False)
-    assert not mg.fused_kernels_enabled()
+    assert not mg.fast_paths_enabled()
     if gpu is not None:
         assert fused[0] < plain[0] and fused[1] < plain[1]
     with pytest.raises(ValueError, match="True or False"):
-        mg.set_fused_kernels("yes")
+        mg.set_fast_paths("yes")
 
 
 def test_adamw_follows_the_switch(gpu):
     def step_launches(fused: bool) -> int | None:
-        mg.set_fused_kernels(fused)
+        mg.set_fast_paths(fused)
         p = mg.tensor(np.ones((3, 4))).to("cuda").requires_grad_()
         p.grad = mg.tensor(np.full((3, 4), 0.5)).to("cuda").data
         opt = AdamW([p], lr=0.1)
@@ -200,20 +198,21 @@ def test_adamw_follows_the_switch(gpu):
         assert fused < plain
 
 
-def test_the_cpu_never_runs_a_fused_kernel():
-    assert mg.fused_kernels_enabled() and not backend.use_fused(np.zeros(3))
+def test_the_cpu_never_runs_a_fused_kernel(fast_paths):
+    fast_paths(True)
+    assert not backend.use_fused(np.zeros(3))
 
 
 @pytest.mark.parametrize("value, enabled", [("0", "False"), ("1", "True"), (None, "True")])
-def test_the_environment_starts_a_process_with_or_without_the_fused_kernels(value, enabled):
+def test_the_environment_starts_a_process_with_or_without_the_fast_paths(value, enabled):
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "MINIGRAD_FUSED_KERNELS"}
+    env = {k: v for k, v in os.environ.items() if k != "MINIGRAD_FAST_PATHS"}
     if value is not None:
-        env["MINIGRAD_FUSED_KERNELS"] = value
-    code = "import minigrad; print(minigrad.fused_kernels_enabled())"
+        env["MINIGRAD_FAST_PATHS"] = value
+    code = "import minigrad; print(minigrad.fast_paths_enabled())"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.stdout.strip() == enabled, done.stderr
 
@@ -223,7 +222,7 @@ def test_the_environment_refuses_a_value_that_is_not_0_or_1():
     import subprocess
     import sys
 
-    env = {**os.environ, "MINIGRAD_FUSED_KERNELS": "yes"}
+    env = {**os.environ, "MINIGRAD_FAST_PATHS": "yes"}
     done = subprocess.run([sys.executable, "-c", "import minigrad"], env=env, capture_output=True,
                           text=True)  # fmt: skip
-    assert done.returncode != 0 and "MINIGRAD_FUSED_KERNELS='yes': set it to 0" in done.stderr
+    assert done.returncode != 0 and "MINIGRAD_FAST_PATHS='yes': set it to 0" in done.stderr

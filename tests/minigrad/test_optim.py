@@ -268,7 +268,8 @@ def test_load_state_dict_errors():
 # ---- the fused update on the GPU (one elementwise kernel per parameter) --------------------------
 @pytest.mark.summation_order
 @pytest.mark.parametrize("dtype, rtol", [("float64", 1e-14), ("float32", 1e-6)])
-def test_fused_adamw_on_the_device_takes_the_plain_form_s_steps(fake_cupy, dtype, rtol):
+def test_fused_adamw_on_the_device_takes_the_plain_form_s_steps(fake_cupy, dtype, rtol, fast_paths):
+    fast_paths(True)
     rng = np.random.default_rng(0)
     shapes = [(4, 3), (5,), ()]  # a matrix, a vector and a 0-d parameter
     start = [rng.standard_normal(s) for s in shapes]
@@ -337,7 +338,8 @@ def test_step_with_clipping_s_factor_is_clipping_then_stepping_bit_for_bit(name,
         np.testing.assert_array_equal(a, b)  # the same product, then the same update
 
 
-def test_the_fused_adamw_takes_clipping_s_factor_in_its_one_launch(fake_cupy):
+def test_the_fused_adamw_takes_clipping_s_factor_in_its_one_launch(fake_cupy, fast_paths):
+    fast_paths(True)
     rng = np.random.default_rng(0)
     grads = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
     folded = _clip_then_step(OPTIMIZERS["adamw"], grads, 0.5, True, "cuda", fake_cupy)

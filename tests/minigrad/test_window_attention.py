@@ -166,10 +166,11 @@ def test_flash_visits_only_the_tiles_the_band_touches(rng, monkeypatch):
 
 # ---- dispatch on the GPU and errors ----------------------------------------------------------
 @pytest.mark.summation_order
-def test_auto_runs_the_cuda_kernel_with_a_window(fake_cupy, rng):
+def test_auto_runs_the_cuda_kernel_with_a_window(fake_cupy, rng, fast_paths):
     """On the GPU (here the stand-in, whose kernels run in the emulator), impl="auto" takes
     the CUDA kernel for windowed attention too, and its forward and backward equal the CPU's
     naive path."""
+    fast_paths(True)
     arrays = random_inputs(rng, 1, 4, 2, 40, 70, 16, np.float32)
     slopes = np.array([0.5, 0.25, 0.125, 0.0625])
     ctx, got = run(arrays, device="cuda", window=5, alibi_slopes=slopes)

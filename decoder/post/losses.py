@@ -1,4 +1,6 @@
-"""The direct preference optimisation loss (DPO), fused into one Function.
+"""The direct preference optimisation loss (DPO), fused into one Function: the loss
+decoder.post.dpo trains with, kept here beside its trainer rather than in minigrad's
+general-purpose functional API.
 
 For a prompt with a chosen response y_w and a rejected one y_l, the policy's log-likelihoods
 log pi(y_w), log pi(y_l) and a frozen reference model's log ref(y_w), log ref(y_l) give

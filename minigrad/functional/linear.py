@@ -22,6 +22,7 @@ from minigrad.autograd import Function
 from minigrad.backend import scatter_add, to_numpy, xp_of
 from minigrad.functional.inputs import as_index_array, check_same_dtype
 from minigrad.functional.rows import as_rows, sum_rows
+from minigrad.ops.matmul import product
 from minigrad.tensor import Tensor
 
 
@@ -38,7 +39,7 @@ class Linear(Function):
     def forward(ctx, x, weight, *bias):
         n_out = weight.shape[0]
         rows = as_rows(x)  # (..., in) -> (N, in): one matrix product, not a batch of them
-        y = rows @ weight.T  # (N, in) @ (in, out) -> (N, out)
+        y = product(rows, weight.T)  # (N, in) @ (in, out) -> (N, out)
         if bias:
             y += bias[0]
         ctx.save_for_backward(x, weight)
@@ -49,8 +50,8 @@ class Linear(Function):
         x, weight = ctx.saved
         need_x, need_w, *need_b = ctx.needs_input_grad
         g = as_rows(grad_out)  # (..., out) -> (N, out)
-        grad_x = (g @ weight).reshape(x.shape) if need_x else None  # (N, out) @ (out, in)
-        grad_w = g.T @ as_rows(x) if need_w else None  # (out, N) @ (N, in)
+        grad_x = product(g, weight).reshape(x.shape) if need_x else None  # (N, out) @ (out, in)
+        grad_w = product(g.T, as_rows(x)) if need_w else None  # (out, N) @ (N, in)
         if not need_b:  # called without a bias
             return grad_x, grad_w
         return grad_x, grad_w, (sum_rows(g) if need_b[0] else None)  # (N, out) -> (out,)

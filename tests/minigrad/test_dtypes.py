@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import minigrad as mg
+import minigrad.functional as F
 from minigrad.dtypes import result_type
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
@@ -96,3 +97,22 @@ def test_non_numeric_data_is_refused():
         mg.tensor([1 + 2j])
     with pytest.raises(TypeError, match="got dtype <U1"):
         mg.ones(2) + "a"
+
+
+def test_a_float16_product_on_the_cpu_is_the_float32_product_rounded_once():
+    from minigrad.ops.matmul import product
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 200)).astype(np.float16)
+    b = rng.standard_normal((200, 4)).astype(np.float16)
+    want = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(product(a, b), want)
+    x, w = mg.tensor(a, requires_grad=True), mg.tensor(b.T.copy(), requires_grad=True)
+    for y in (x @ w.T, F.linear(x, w)):  # both products
+        assert y.dtype == np.float16
+        np.testing.assert_array_equal(y.data, want)
+    g = np.ones((3, 4), np.float16)
+    (x @ w.T).backward(g)
+    np.testing.assert_array_equal(
+        x.grad, (g.astype(np.float32) @ b.T.astype(np.float32)).astype(np.float16)
+    )

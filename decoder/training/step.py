@@ -112,15 +112,7 @@ def train_step(
                 loss_sum += loss_value
                 continue
             loss = loss_fn(model, x_micro, y_micro)  # host arrays: the model checks and moves them
-            loss_value = loss.item()
-            _check_finite(loss_value, step)
-            # subtle: 1/k on each equal micro-batch makes the summed gradient the batch's mean
-            loss = loss * (1.0 / k) if k > 1 else loss
-            if scaler is not None:
-                scaler.backward(loss, params)
-            else:
-                loss.backward()
-            loss_sum += loss_value
+            loss_sum += _backward(loss, 1.0 / k, params, scaler, model.device, step)
     loss_value = loss_sum / k
     if dist is not None:
         loss_value = dist.average_gradients(params, loss_value)
@@ -138,6 +130,32 @@ def train_step(
     else:
         optimizer.step(grad_scale=grad_scale)
     return loss_value
+
+
+def _backward(
+    loss: mg.Tensor, scale: float, params: list, scaler: LossScaler | None, device: str, step: int
+) -> float:
+    """Backpropagate ``scale`` times a micro-batch's loss; return the loss, checked finite.
+
+    The loss is read (a wait for the device) before the backward on the CPU, so that a NaN
+    stops the step before any gradient is computed from it; on a GPU after the backward is
+    queued, so that the host queues the backward's kernels while the GPU still runs the
+    forward's instead of waiting for them first. Either way it is checked before the optimiser
+    changes a weight.
+    """
+    value = loss.item() if device == "cpu" else None
+    if value is not None:
+        _check_finite(value, step)
+    # subtle: 1/k on each equal micro-batch makes the summed gradient the batch's mean
+    scaled = loss * scale if scale != 1.0 else loss
+    if scaler is not None:
+        scaler.backward(scaled, params)
+    else:
+        scaled.backward()
+    if value is None:
+        value = loss.item()
+        _check_finite(value, step)
+    return value
 
 
 def _check_finite(loss_value: float, step: int) -> None:

@@ -21,7 +21,7 @@ from decoder.model.model import Decoder
 from decoder.training.checkpoint import load_checkpoint
 from decoder.training.config import PRESETS, build_configs
 from decoder.training.loop import train
-from decoder.training.step import train_step
+from decoder.training.step import lm_loss, train_step
 from minigrad.nn.lora import apply_lora, lora_state_dict, merge_lora
 from minigrad.optim import AdamW
 from tests.support.numerics import assert_close
@@ -123,6 +123,29 @@ def test_one_training_step_copies_only_the_batch_in_and_two_numbers_out(fake_cup
     # gradient norm that clipping returns. In: the ids and the targets, whose range is checked
     # on the host before they move.
     assert (fake_cupy.device_to_host - out, fake_cupy.host_to_device - into) == (2, 2)
+
+
+def test_the_loss_is_read_after_the_backward_is_queued(fake_cupy, monkeypatch):
+    # On a GPU the host must not wait for the forward's result before it queues the backward:
+    # the first device-to-host read of the step comes after the backward's kernels.
+    model = tiny_model("cuda")
+    _, train_cfg = configs("shakespeare-char-modern", "cuda")
+    x = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 8))
+    forward_end, reads = [], []
+
+    def loss_fn(m, xb, yb):
+        loss = lm_loss(m, xb, yb)
+        forward_end.append(fake_cupy.kernel_launches)
+        return loss
+
+    real = fake_cupy._to_host
+    monkeypatch.setattr(
+        fake_cupy, "_to_host", lambda a: reads.append(fake_cupy.kernel_launches) or real(a)
+    )
+    optimizer = AdamW(model.parameters(), lr=1e-3)
+    train_step(model, optimizer, x, np.roll(x, -1, axis=1), train_cfg, 1, loss_fn=loss_fn)
+    n_params = len(list(model.parameters()))
+    assert reads[0] >= forward_end[0] + n_params  # a gradient kernel per parameter at least
 
 
 def test_each_generated_token_copies_one_id_in_and_one_row_of_logits_out(fake_cupy):

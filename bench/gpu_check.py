@@ -10,8 +10,9 @@ going on after a failure:
 2. the benchmarks, before the sanitizers so that a short lease still measures: the kernels'
    forward and backward timed apart (this script again, with --kernel-split), the GPU half of
    bench/attention.py (--device cuda --skip-kv), the counts of bench/kernel_counts.py
-   (--no-emulate; a note in the report where the script is absent), and a short
-   bench/train_vs_torch.py --device cuda (baby-gpt);
+   (--no-emulate; a note in the report where the script is absent), a short
+   bench/train_vs_torch.py --device cuda (baby-gpt), and nanoGPT's own train.py on the same
+   GPU where a prepared checkout was carried along (bench/nanogpt_peer.py);
 3. compute-sanitizer's memcheck, racecheck and synccheck on the flash-attention kernels, on a
    small case and an odd-sized one (this script again, with --kernel-case, checks the
    kernels' output against the NumPy twin so a crashed run never reads as clean);
@@ -61,6 +62,7 @@ KERNEL_CASES = {"small": (1, 2, 1, 32, 32, 64), "odd": (2, 3, 1, 37, 53, 80)}
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
 KERNEL_TOL = 2e-4  # float32 kernels against the float64 twin, as in the GPU tests
 TAIL_LINES = 40  # lines of each step's output kept in the report
+PEER_DIR = ROOT / "bench" / "peers" / "nanoGPT"  # nanoGPT's own checkout, where one is carried
 TIMEOUT_S = 3600  # per step without a budget: the benchmarks on a slow GPU take minutes
 BUDGET_S = 450  # the default --budget: an 8-minute lease less the start and the copy back
 WORKERS = 8  # pytest-xdist workers for the GPU tests (on the H200's 16 cores: 100 s)
@@ -216,6 +218,16 @@ def parse_train(output: str) -> tuple[bool, str]:
     return abs(ours - torch) <= 0.05, summary
 
 
+def parse_peer(output: str) -> tuple[bool, str]:
+    """(passed, summary) of bench/nanogpt_peer.py: nanoGPT's median ms per iteration."""
+    found = re.search(r"^nanoGPT train.py (\w+), .*: ([\d.]+) ms/iter, ([\d,]+) tokens/s", output,
+                      re.M)  # fmt: skip
+    if found is None:
+        return False, "no timing line in the output"
+    dtype, ms, speed = found.groups()
+    return True, f"nanoGPT {dtype}: {float(ms):.2f} ms/iter, {speed} tokens/s"
+
+
 def parse_split(output: str) -> tuple[bool, str]:
     """(passed, summary) of `--kernel-split`: the kernels' forward and backward ms at each T.
 
@@ -249,6 +261,7 @@ PARSERS = {
     "synccheck": lambda out: parse_sanitizer(out, "synccheck"),
     "attention": parse_attention,
     "train": parse_train,
+    "peer": parse_peer,
 }
 
 
@@ -331,6 +344,13 @@ def plan(
         train = [python, str(ROOT / "bench" / "train_vs_torch.py"), "--device", "cuda"]
         train += ["--iters", str(iters), "--quiet"]
         steps.append(Step(f"bench/train_vs_torch.py baby-gpt, {iters} steps", train, "train", 90))
+        peer = [python, str(ROOT / "bench" / "nanogpt_peer.py"), "--iters", str(iters)]
+        missing = "" if (PEER_DIR / "data" / "shakespeare_char" / "train.bin").exists() else (
+            f"no prepared nanoGPT checkout in {PEER_DIR.relative_to(ROOT)}: see "
+            f"bench/nanogpt_peer.py (fetch it, --prepare, carry bench/peers)"
+        )  # fmt: skip
+        steps.append(Step(f"nanoGPT's own train.py, float32, {iters} iterations", peer, "peer",
+                          40, missing))  # fmt: skip
     if sanitizer is None:
         missing = "compute-sanitizer is not on PATH: install the CUDA toolkit to run it"
         steps.append(Step("compute-sanitizer (all tools)", [], "none", 0, missing))

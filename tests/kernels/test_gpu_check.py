@@ -174,7 +174,7 @@ def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
     # the benchmarks before the sanitizers: a short lease measures first
     assert (
         kinds
-        == ["tests", "split", "attention", "counts", "train"]
+        == ["tests", "split", "attention", "counts", "train", "peer"]
         + ["memcheck"] * 2
         + ["racecheck"] * 2
         + ["synccheck"] * 2
@@ -187,8 +187,9 @@ def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
     assert steps[-1].command[:2] == ["env", "MINIGRAD_FAST_PATHS=0"]
     assert steps[3].command[-1] == "--no-emulate" and steps[3].absent == ""
     assert steps[4].command[-3:] == ["--iters", "300", "--quiet"] and "cuda" in steps[4].command
-    assert steps[5].command[:5] == [sanitizer, "--tool", "memcheck", "--error-exitcode", "1"]
-    assert {s.command[-1] for s in steps[5:-2]} == {"small", "odd"}
+    assert steps[5].command[-2:] == ["--iters", "300"] and "nanogpt_peer.py" in steps[5].command[1]
+    assert steps[6].command[:5] == [sanitizer, "--tool", "memcheck", "--error-exitcode", "1"]
+    assert {s.command[-1] for s in steps[6:-2]} == {"small", "odd"}
     assert all(s.seconds > 0 for s in steps)  # every step has a time the budget can weigh
     # without xdist, compute-sanitizer and bench/kernel_counts.py: serial, and named as absent
     steps = gpu_check.plan("py", 300, None, skip_bench=False, workers=0, counts=False)
@@ -304,3 +305,22 @@ def test_kernel_split_times_the_kernels_on_the_cupy_standin(fake_cupy, monkeypat
     assert gpu_check.kernel_split() == 0
     passed, summary = gpu_check.parse_split(capsys.readouterr().out)
     assert passed and summary.startswith("forward / backward ms: T=8 ") and "T=40 " in summary
+
+
+def test_the_peer_step_is_absent_without_a_prepared_nanogpt_checkout(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "PEER_DIR", tmp_path / "bench" / "peers" / "nanoGPT")
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
+    (peer,) = [s for s in gpu_check.plan("py", 300, None, skip_bench=False) if s.kind == "peer"]
+    assert "no prepared nanoGPT checkout in bench/peers/nanoGPT" in peer.absent
+    data = tmp_path / "bench" / "peers" / "nanoGPT" / "data" / "shakespeare_char"
+    data.mkdir(parents=True)
+    (data / "train.bin").write_bytes(b"")
+    (peer,) = [s for s in gpu_check.plan("py", 300, None, skip_bench=False) if s.kind == "peer"]
+    assert peer.absent == ""
+
+
+def test_parse_peer_reads_nanogpt_s_median():
+    out = "nanoGPT train.py float32, 300 iterations, median of 289: 14.02 ms/iter, "
+    out += "1,168,616 tokens/s\n"
+    assert gpu_check.parse_peer(out) == (True, "nanoGPT float32: 14.02 ms/iter, 1,168,616 tokens/s")
+    assert gpu_check.parse_peer("Traceback ...") == (False, "no timing line in the output")

@@ -1,4 +1,4 @@
-"""What the five commands (decoder.train, generate, finetune, sft, dpo) share on the command
+"""What the commands (decoder.train, generate, finetune, sft, dpo, chat) share on the command
 line: ``--key=value`` settings, the preset list, ``--device`` (its rule is
 decoder.training.config.device_or_cpu's), the options of the post-training commands, and one
 mapping from errors to exit codes.
@@ -17,6 +17,8 @@ from typing import Any
 from decoder.training.config import DEFAULT_PRESET, PRESETS
 from decoder.training.step import TrainingDiverged
 from minigrad.backend import DEVICES
+
+LORA_DEFAULTS = {"alpha": 16.0, "targets": ["wq", "wv"]}  # sft and dpo with --lora-r
 
 
 # ---- every command -----------------------------------------------------------------------------
@@ -91,9 +93,9 @@ def arguments(prog: str, description: str, start_from: str) -> argparse.Argument
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue the run in --out")
     again.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    p.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank")
-    p.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA's scale is alpha / r")
-    p.add_argument("--targets", default="wq,wv", help="comma-separated Linear names for LoRA")
+    p.add_argument("--lora-r", type=int, help="train LoRA adapters of this rank (0: none)")
+    p.add_argument("--lora-alpha", type=float, help="LoRA's scale is alpha / r (default 16)")
+    p.add_argument("--targets", help="comma-separated Linear names for LoRA (default wq,wv)")
     add_device(p, "the device of the model it starts from (or of the resumed run)")
     return p
 
@@ -105,14 +107,19 @@ def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[Any, dict
         p.error("give the model to start from with --checkpoint (or --resume a run)")
     if args.examples < 2:
         p.error(f"--examples={args.examples}: at least 2 (some train, some are held out)")
-    if args.lora_r < 0:
+    if args.lora_r is not None and args.lora_r < 0:
         p.error(f"--lora-r={args.lora_r}: a rank is at least 1 (0: train every weight)")
-    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    lora = {"r": args.lora_r, "alpha": args.lora_alpha, "targets": targets}
+    targets = args.targets and [t.strip() for t in args.targets.split(",") if t.strip()]
+    given = {"r": args.lora_r, "alpha": args.lora_alpha, "targets": targets}
+    given = {k: v for k, v in given.items() if v is not None}
+    if given and "r" not in given and not args.resume:
+        p.error("--lora-alpha and --targets shape LoRA's adapters: give --lora-r too")
+    # a resume compares what was given with the run's adapters (decoder.post.posttrain)
+    lora = given if args.resume else {**LORA_DEFAULTS, **given}
     try:
         overrides = parse_overrides(rest)
     except ValueError as e:
         p.error(str(e))
     if args.device is not None:
         overrides["device"] = args.device
-    return args, overrides, lora if args.lora_r else None
+    return args, overrides, lora if (args.resume and lora) or lora.get("r") else None

@@ -19,10 +19,12 @@ the opening words, which a model trained on the text scores already: DPO sharpen
 Every example fits a context of ``context`` tokens for a character-level model (its text
 and the chat template's three markers: decoder/post/chat.py), so the default suits
 shakespeare-char's 64. Generation is deterministic in (text, n, seed, context) and cached as
-JSONL under ``cache_dir() / "instruct"``. Examples come grouped by speech, the speeches in a
-seeded random order, and the datasets hold out the last VAL_FRACTION: so a held-out line is
-never trained on (but in the one speech the boundary may cut), and every speaker is in both
-splits (the end of the text, as TokenDataset holds out, is one play's cast alone).
+JSONL under ``cache_dir() / "instruct"``, with the token cache's record of its count and SHA-256
+beside it (decoder.text.data.read_cache_record): a cache cut short or edited is rebuilt.
+Examples come grouped by speech, the speeches in a seeded random order, and the datasets hold
+out the last VAL_FRACTION: so a held-out line is never trained on (but in the one speech the
+boundary may cut), and every speaker is in both splits (the end of the text, as TokenDataset
+holds out, is one play's cast alone).
 
 Users bring their own data as JSONL, one object per line: ``{"instruction", "response"}`` for
 SFT, ``{"prompt", "chosen", "rejected"}`` for DPO (the formats of Alpaca and of Anthropic's
@@ -35,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from decoder.post.chat import END, encode_pair, pad_batch
-from decoder.text.data import VAL_FRACTION, cache_dir
+from decoder.text.data import VAL_FRACTION, cache_dir, read_cache_record, write_cache_record
 from minigrad.fileio import atomic_write
 
 FIELDS = {"sft": ("instruction", "response"), "dpo": ("prompt", "chosen", "rejected")}
@@ -152,11 +155,17 @@ def generated(
     """The examples of ``kind`` ("sft" or "dpo") made from ``text``; made once, then read
     from the JSONL cache (``cache`` or ``cache_dir() / "instruct"``)."""
     key = json.dumps([kind, n, seed, context, INSTRUCT_CACHE_VERSION]) + text
-    name = f"{kind}-{hashlib.sha256(key.encode('utf-8')).hexdigest()[:16]}.jsonl"
+    key = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
     path = Path(cache) if cache is not None else cache_dir() / "instruct"
-    path /= name
-    if path.is_file():
-        return read_jsonl(path, kind)
+    path /= f"{kind}-{key}.jsonl"
+    count, problem = read_cache_record(path, key)
+    if count is not None:
+        examples = read_jsonl(path, kind)
+        if len(examples) == count:
+            return examples
+        problem = f"it holds {len(examples)} examples, but its record says {count}"
+    if problem:
+        warnings.warn(f"instruction cache {path}: {problem}; rebuilding it", stacklevel=2)
     examples = GENERATORS[kind](text, n, seed, context)
     if not examples:
         raise ValueError(
@@ -166,6 +175,7 @@ def generated(
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path, text=True) as f:  # a reader never sees half a file
         f.write("".join(json.dumps(e) + "\n" for e in examples))
+    write_cache_record(path, key, len(examples))
     return examples
 
 
@@ -177,7 +187,9 @@ def read_jsonl(path: str | os.PathLike, kind: str) -> list[dict[str, Any]]:
         raise ValueError(f"unknown kind of data {kind!r}: use one of {sorted(FIELDS)}")
     fields = FIELDS[kind]
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        # subtle: "\n" only: str.splitlines also breaks at U+2028 and U+0085, which a JSON
+        # string may hold raw (json.dumps(ensure_ascii=False) writes them so)
+        lines = Path(path).read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot read it as UTF-8 text: {e}") from None
     examples = []

@@ -42,7 +42,15 @@ from decoder.training.checkpoint import (
 from decoder.training.config import DEFAULT_PRESET, TrainConfig, build_configs, device_or_cpu
 from decoder.training.log import read_log
 from decoder.training.loop import loop
-from decoder.training.run import RUN_FILES, Run, generators, make_optimizer, restore
+from decoder.training.run import (
+    RUN_FILES,
+    Run,
+    announce_resume,
+    decay_follows_max_iters,
+    generators,
+    make_optimizer,
+    restore,
+)
 from decoder.training.rundir import claim_dir
 from minigrad.nn.lora import apply_lora, merge_lora
 
@@ -127,13 +135,7 @@ def start_post_run(
     gives the examples and ``make_data(examples, tokenizer, block_size)`` the dataset."""
     ckpt = None
     if resume:
-        if not has_checkpoint(out_dir):
-            raise CheckpointError(f"{out_dir}: no checkpoint to resume from (no '{LATEST}' file)")
-        ckpt = load_checkpoint(out_dir)
-        fixed = sorted(set(RESUME_FIXED) & overrides.keys())
-        if fixed:
-            raise CheckpointError(f"{out_dir}: a resume cannot change --{fixed[0]}: drop it")
-        train_cfg = post_config(ckpt.train_config, overrides, {})
+        ckpt, train_cfg = _resumed(out_dir, overrides, lora)
         tokenizer = build_tokenizer(ckpt)
         model = build_model(ckpt.model_config, train_cfg.dtype)
         lora = ckpt.extra.get("lora")
@@ -175,12 +177,39 @@ def start_post_run(
         extra=extra,
     )
     if ckpt is not None:
+        announce_resume(ckpt, train_cfg, say)
         restore(run, ckpt)
         say(f"resuming {out_dir} from step {run.step}")
     else:
         n = model.num_parameters(trainable_only=True)
         say(f"training {n:,} of {model.num_parameters():,} parameters; the run is in {out_dir}")
     return run
+
+
+def _resumed(
+    out_dir: Path, overrides: dict[str, str], lora: dict[str, Any] | None
+) -> tuple[Any, TrainConfig]:
+    """The checkpoint in ``out_dir`` and its settings with ``overrides``; refuses what a resume
+    cannot change: the settings of RESUME_FIXED, and the adapters (their rank, scale and
+    targets shape the weights saved; ``lora`` holds those given now, None or {} none)."""
+    if not has_checkpoint(out_dir):
+        raise CheckpointError(f"{out_dir}: no checkpoint to resume from (no '{LATEST}' file)")
+    ckpt = load_checkpoint(out_dir)
+    fixed = sorted(set(RESUME_FIXED) & overrides.keys())
+    if fixed:
+        raise CheckpointError(f"{out_dir}: a resume cannot change --{fixed[0]}: drop it")
+    saved = ckpt.extra.get("lora") or {"r": 0}  # a full-weight run: LoRA's rank 0
+    changed = [
+        f"{k}: {saved.get(k)!r} -> {v!r}" for k, v in (lora or {}).items() if saved.get(k) != v
+    ]
+    if changed:
+        raise CheckpointError(
+            f"{out_dir}: a resume cannot change the LoRA adapters ({'; '.join(changed)}): "
+            f"drop --lora-r, --lora-alpha and --targets to keep the run's, or start a new run "
+            f"with another --out"
+        )
+    train_cfg = post_config(ckpt.train_config, overrides, {})
+    return ckpt, decay_follows_max_iters(ckpt.train_config, train_cfg, overrides)
 
 
 def run_post(

@@ -8,7 +8,8 @@ JSONL file of ``{"instruction", "response"}`` lines. Training is decoder.trainin
 (decoder/post/posttrain.py): progress bar, ``log.jsonl``, ``loss.png``, atomic checkpoints and
 exact resume. Each evaluation also logs ``exact_match``: the share of held-out questions with
 one right answer (the speaker task; every held-out pair for user data) whose greedy answer
-is exactly right, so the log's first row is the model before SFT and its last after.
+is exactly right (then ``<|end|>``), scored teacher-forced in a forward pass per batch, at any
+answer length; so the log's first row is the model before SFT and its last after.
 
 Follows Ouyang et al. 2022 (InstructGPT's supervised stage) and Alpaca's data format.
 """
@@ -19,23 +20,39 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from decoder.post.chat import respond
+import minigrad as mg
+from decoder.model.model import IGNORE_INDEX
+from decoder.post.chat import END, encode_pair, pad_batch
 from decoder.post.instruct_data import SPEAKER_TASK, ChatDataset, generated, read_jsonl
 from decoder.post.posttrain import run_post, start_post_run
 from decoder.text.data import load_shakespeare
 from decoder.training.run import Run
+from minigrad.backend import to_numpy
 
-MAX_EXACT = 100  # held-out questions scored per evaluation: a few seconds of greedy answers
-MAX_ANSWER = 24  # tokens an answer may take
+MAX_EXACT = 100  # held-out questions scored per evaluation
+EXACT_BATCH = 32  # turns per forward pass while scoring them
 
 
+@mg.no_grad()
 def exact_match(model: Any, tokenizer: Any, examples: Sequence[dict]) -> float:
-    """The share of ``examples`` whose greedy answer equals the response exactly."""
+    """The share of ``examples`` whose greedy answer is exactly the response, then ``<|end|>``.
+
+    Scored teacher-forced, a forward pass per EXACT_BATCH turns: greedy decoding writes the
+    response token by token iff at each of its positions, and at the ``<|end|>`` after it, the
+    argmax given the true tokens before is the true token. So one pass answers what generating
+    would, at any answer length, in the time of one evaluation batch (a response that decodes
+    to the same text through other tokens counts as wrong: a BPE model's rare case).
+    """
     if not examples:
         return float("nan")
-    hits = sum(
-        respond(model, tokenizer, e["instruction"], MAX_ANSWER) == e["response"] for e in examples
-    )
+    turns = [encode_pair(tokenizer, e["instruction"], e["response"]) for e in examples]
+    hits = 0
+    for start in range(0, len(turns), EXACT_BATCH):
+        x, y = pad_batch(turns[start : start + EXACT_BATCH], tokenizer.special_tokens[END])
+        logits, _ = model(x)  # (B, T, V)
+        right = to_numpy(logits.data.argmax(axis=-1)) == y  # (B, T)
+        scored = y != IGNORE_INDEX  # the response's tokens and its <|end|>
+        hits += int((right | ~scored).all(axis=1).sum())
     return hits / len(examples)
 
 

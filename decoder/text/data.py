@@ -39,7 +39,7 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 SHAKESPEARE_FILENAME = "tinyshakespeare.txt"
 DOWNLOAD_TIMEOUT_S = 30  # per blocking network operation, so no network means an error, not a hang
 VAL_FRACTION = 0.1  # the last 10% of the tokens validate
-TOKEN_CACHE_VERSION = 2  # part of the cache key: bump it when the file layout changes
+TOKEN_CACHE_VERSION = 3  # part of the cache key: bump it when the file layout changes
 
 # Files whose checksum this process has already checked, as (path, sha256, size, mtime):
 # checking costs a read of the whole file, so it is done once per process and version of it.
@@ -168,34 +168,53 @@ def _token_cache_key(text: str, tokenizer: Tokenizer) -> str:
     return digest.hexdigest()[:32]
 
 
-def _read_token_cache(path: Path, key: str) -> tuple[np.ndarray | None, str]:
-    """The ids cached at ``path`` as a memory map, or None and why they cannot be trusted
+def write_cache_record(path: Path, key: str, count: int) -> None:
+    """Write, beside the cache file ``path`` (already written whole), the record that
+    ``read_cache_record`` checks it against: the ``key`` of what it was made from, its
+    ``count`` of items and its SHA-256. Written last, so a process killed in between leaves a
+    file without a matching record: rebuilt next time, never trusted."""
+    record = {"key": key, "count": count, "sha256": sha256_file(path)}
+    with atomic_write(path.with_suffix(".json"), text=True) as f:
+        json.dump(record, f)
+
+
+def read_cache_record(path: Path, key: str) -> tuple[int | None, str]:
+    """The count of items the cache file ``path`` holds, or None and why it cannot be trusted
     (an empty reason when there is simply no cache yet).
 
-    The record ``path.with_suffix(".json")`` must name ``key`` (the text and tokenizer it was
-    made from), and the file must have the recorded SHA-256 (hashed once per process, as
-    downloads are) and hold the recorded number of ids: a truncated file, or one overwritten
-    with other ids, fails one of these.
+    The record ``path.with_suffix(".json")`` must name ``key``, and the file must have the
+    recorded SHA-256 (hashed once per process, as downloads are): a file cut short, or
+    overwritten with other contents, fails this. The token cache (``TokenDataset.from_text``)
+    and decoder.post.instruct_data's example cache keep their records so.
     """
     record_path = path.with_suffix(".json")
     if not path.exists() and not record_path.exists():
         return None, ""
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
-        n_tokens, sha256 = record["n_tokens"], record["sha256"]
+        count, sha256 = record["count"], record["sha256"]
         if record["key"] != key:
-            return None, f"its record {record_path.name} is for another text or tokenizer"
+            return None, f"its record {record_path.name} is for other contents"
     except FileNotFoundError:
         return None, f"its record {record_path.name} is missing"
     except (ValueError, KeyError, TypeError):  # bad JSON, a missing field, not an object
         return None, f"its record {record_path.name} is unreadable"
     if not path.is_file():
-        return None, "the ids file is missing"
+        return None, "the cache file is missing"
     if not _has_checksum(path, sha256):
         return None, (
-            f"its contents ({path.stat().st_size} bytes) are not the {n_tokens} ids recorded "
+            f"its contents ({path.stat().st_size} bytes) are not the {count} items recorded "
             f"in {record_path.name}: the file was truncated or overwritten"
         )
+    return count, ""
+
+
+def _read_token_cache(path: Path, key: str) -> tuple[np.ndarray | None, str]:
+    """The ids cached at ``path`` as a memory map, or None and why they cannot be trusted
+    (``read_cache_record``'s checks, and the number of ids)."""
+    n_tokens, problem = read_cache_record(path, key)
+    if n_tokens is None:
+        return None, problem
     ids = np.load(path, mmap_mode="r")
     if ids.ndim != 1 or len(ids) != n_tokens:
         return None, f"it holds {ids.shape} ids, but its record says {n_tokens}"
@@ -203,17 +222,11 @@ def _read_token_cache(path: Path, key: str) -> tuple[np.ndarray | None, str]:
 
 
 def _write_token_cache(path: Path, key: str, ids: np.ndarray) -> None:
-    """Save ``ids`` at ``path``, then the record ``_read_token_cache`` checks them against.
-
-    Each file is replaced whole (``atomic_write``), and the record goes last, so a run killed
-    in between leaves ids without a matching record: rebuilt next time, never trusted.
-    """
+    """Save ``ids`` at ``path`` whole (``atomic_write``), then its record."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as f:
         np.save(f, ids)
-    record = {"key": key, "n_tokens": len(ids), "sha256": sha256_file(path)}
-    with atomic_write(path.with_suffix(".json"), text=True) as f:
-        json.dump(record, f)
+    write_cache_record(path, key, len(ids))
 
 
 class TokenDataset:

@@ -10,7 +10,8 @@ naming the newest complete one::
             model.safetensors      the weights (minigrad.serialization)
             optimizer.safetensors  the optimiser's state_dict (save_tree); absent when merged
             tokenizer.json         the tokenizer, as tokenizer.to_dict()
-            state.json             configs, step, RNG states, what else the writer kept
+            state.json             configs, step, RNG states, the other files' SHA-256,
+                                   what else the writer kept
 
 Every array goes through one serializer, safetensors: no pickle, no ``.npz``. Checkpoints of
 format 1 (before this layout) kept the optimiser in ``optimizer.npz``; their weights still
@@ -27,9 +28,14 @@ directories are removed once ``latest`` has moved on, so a reader that followed 
 pointer can find its directory gone: ``load_checkpoint`` then reads the pointer again and
 retries (a save during a load is the only way a complete checkpoint changes under a reader).
 
-Left out on purpose: keeping the best or the last few checkpoints (only the newest is kept),
-sharded weights, and checksums (a truncated or mismatched file is caught by the safetensors
-reader and by the shape and dtype check against the config, which give clearer messages).
+Checksums: ``state.json`` records the SHA-256 of each other file as it was written, and a load
+checks every file it reads against it after parsing it (so a truncated file still gets the
+reader's own message): a flipped byte in the weights, two same-shape tensors swapped in the
+header, or a tokenizer edited to other ids would otherwise load and give other numbers in
+silence. Checkpoints saved before the record load unchecked.
+
+Left out on purpose: keeping the best or the last few checkpoints (only the newest is kept), and
+sharded weights.
 Follows nanoGPT's ``ckpt.pt`` in content, in separate files so that each is readable alone.
 """
 
@@ -47,9 +53,11 @@ from typing import Any
 import numpy as np
 
 from decoder.model.config import ModelConfig
+from decoder.text.data import sha256_file
 from decoder.training.config import TrainConfig, device_or_cpu
 from minigrad.backend import to_numpy
 from minigrad.fileio import atomic_write, fsync_dir
+from minigrad.nn.lora import apply_lora, merge_lora
 from minigrad.serialization import load_safetensors, load_tree, save_safetensors, save_tree
 from minigrad.tensor import Tensor
 
@@ -64,7 +72,7 @@ WEIGHTS, OPTIMIZER, TOKENIZER, STATE = (
 _PREFIX, _TMP_PREFIX = "ckpt-", ".tmp-ckpt-"
 CHECKPOINT_FILES = (LATEST, f"{_PREFIX}*", f"{_TMP_PREFIX}*")  # what saving puts in a run dir
 _POINTER_MAX_BYTES = 1024  # a checkpoint's name is short: more is not a pointer
-_READ_ATTEMPTS = 3  # loads that a concurrent save may spoil before the error is believed
+_READ_ATTEMPTS = 5  # loads a concurrent save may spoil (each reads and hashes) before one counts
 
 
 class CheckpointError(RuntimeError):
@@ -115,6 +123,7 @@ def save_checkpoint(
         if optimizer_state is not None:
             save_tree(tmp / OPTIMIZER, optimizer_state)
         _write_json(tmp / TOKENIZER, tokenizer)
+        files = (WEIGHTS, TOKENIZER, *([OPTIMIZER] if optimizer_state is not None else []))
         state = {
             "format": FORMAT_VERSION,
             "step": step,
@@ -123,6 +132,7 @@ def save_checkpoint(
             "optimizer": OPTIMIZER if optimizer_state is not None else None,
             "rng": rng or {},
             "extra": extra or {},
+            "sha256": {name: sha256_file(tmp / name) for name in files},  # checked on load
         }
         _write_json(tmp / STATE, state)  # written last: a directory without it is incomplete
         final = _free_name(run_dir, f"{_PREFIX}{step:06d}")
@@ -264,6 +274,9 @@ def _read(ckpt_dir: Path, with_optimizer: bool) -> Checkpoint:
         )
     rng, extra = state.get("rng", {}), state.get("extra", {})
     _check_rng(rng, state_path)
+    recorded = state.get("sha256", {})  # absent from checkpoints saved before the record
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{state_path}: 'sha256' is a {type(recorded).__name__}, not a dict")
     weights_path = ckpt_dir / WEIGHTS
     try:
         weights, _ = load_safetensors(weights_path)
@@ -271,7 +284,9 @@ def _read(ckpt_dir: Path, with_optimizer: bool) -> Checkpoint:
         raise CheckpointError(f"{weights_path}: missing; the checkpoint is incomplete") from None
     except (OSError, ValueError) as e:  # the reader's message says what is corrupt
         raise CheckpointError(f"{weights_path}: cannot be read: {e}") from e
+    _check_sha256(weights_path, recorded)
     tokenizer = _read_json(ckpt_dir / TOKENIZER)
+    _check_sha256(ckpt_dir / TOKENIZER, recorded)
     optimizer = None
     if with_optimizer and state.get("optimizer") is not None:
         if state["format"] == 1:
@@ -290,6 +305,7 @@ def _read(ckpt_dir: Path, with_optimizer: bool) -> Checkpoint:
             ) from None
         except (OSError, ValueError) as e:
             raise CheckpointError(f"{opt_path}: cannot be read: {e}") from e
+        _check_sha256(opt_path, recorded)
     return Checkpoint(
         path=ckpt_dir,
         step=step,
@@ -310,6 +326,24 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path}: missing; the checkpoint is incomplete") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e}); the file is damaged") from e
+
+
+def _check_sha256(path: Path, recorded: dict[str, str]) -> None:
+    """Raise CheckpointError if ``path``'s SHA-256 is not the one ``recorded`` when it was
+    saved (a file without a record passes: it was saved before checksums)."""
+    want = recorded.get(path.name)
+    if want is None:
+        return
+    try:
+        got = sha256_file(path)
+    except OSError as e:  # removed by a save since it was read: load_checkpoint retries
+        raise CheckpointError(f"{path}: cannot be read: {e}") from e
+    if got != want:
+        raise CheckpointError(
+            f"{path}: its SHA-256 is not the one recorded in {STATE} when it was saved: the "
+            f"file was changed or corrupted since; put back the saved file, or load another "
+            f"checkpoint"
+        )
 
 
 def _check_rng(rng: Any, source: Path) -> None:
@@ -388,7 +422,8 @@ def load_model(path: str | os.PathLike, device: str | None = "cpu"):
 
     The model is in eval mode on ``device``, in the dtype it was trained in; ``device=None``
     is the device it was trained on, or the CPU with a note where CUDA cannot run
-    (decoder.training.config.device_or_cpu). Used by decoder.generate and decoder.post.lora.
+    (decoder.training.config.device_or_cpu). A LoRA run's adapters come merged into their
+    weights. Used by decoder.generate and decoder.post.lora.
     """
     # here, not at the top: reading a checkpoint needs no model
     from decoder.model.model import build_model
@@ -398,8 +433,14 @@ def load_model(path: str | os.PathLike, device: str | None = "cpu"):
     if device is None:
         device = device_or_cpu(ckpt.train_config.device, requested=False)
     model = build_model(ckpt.model_config, ckpt.train_config.dtype, device)
+    lora = ckpt.extra.get("lora")  # a LoRA run of decoder.sft or decoder.dpo: merge its adapters
+    if lora:
+        apply_lora(
+            model, tuple(lora["targets"]), lora["r"], lora["alpha"], rng=np.random.default_rng(0)
+        )
     check_weights(ckpt.weights, model.state_dict(), ckpt.path / WEIGHTS)
     model.load_state_dict(ckpt.weights)
+    merge_lora(model)
     model.eval()
     return model, tokenizer, ckpt
 

@@ -11,6 +11,11 @@ divided by the number of ranks, that is the gradient of the mean loss over all t
 ranks of b rows take the step one process takes with N * b rows. Clipping then runs on identical
 numbers everywhere, and every rank takes the same optimiser step.
 
+Ranks launched apart must agree: at the start (decoder.training.run.start_run) ``agree`` gathers
+every rank's configuration, ``--resume``, ``--zero``, data hash and start step, then a SHA-256 of
+its weights, and refuses on every rank, naming each field and the ranks that hold each value, a
+run whose ranks differ (they would deadlock in a later collective, or average different models).
+
 With ``zero=True`` (ZeRO stage 1, Rajbhandari et al. 2020) the optimiser's step is sharded:
 the parameters, flattened and padded to a multiple of N, are cut into N equal slices; each
 rank updates only its slice (so it keeps the moments of only its slice: a 1/N share of the
@@ -33,6 +38,7 @@ gradients and parameters).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import sys
 import time
@@ -299,6 +305,15 @@ class DataParallel:
                 }
         optimizer.state = kept
 
+    def agree(self, what: str, values: dict[str, Any], fix: str) -> None:
+        """Refuse, on every rank alike, a run whose ranks hold different ``values`` (settings,
+        the start step, a checksum of the weights): a collective that every rank calls at the
+        start, before any other, so ranks that disagree get this error instead of a collective
+        that never completes, or replicas that drift apart in silence."""
+        found = disagreements(self.comm.allgather({k: repr(v) for k, v in values.items()}))
+        if found:
+            raise ValueError(f"the ranks disagree on {what}: {'; '.join(found)}; {fix}")
+
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any rank (a Ctrl-C seen by one rank stops them all at
         the same step: a rank that stopped alone would leave the others in a collective)."""
@@ -323,3 +338,39 @@ class DataParallel:
             traceback.print_exc()
             self.abort(1)
             raise  # Abort ends the process; this only keeps the exception if it returns
+
+
+def disagreements(everyone: Sequence[dict[str, str]]) -> list[str]:
+    """The names on which the ranks' ``everyone[rank]`` differ, each with its values by rank.
+
+    >>> disagreements([{"lr": "0.001", "seed": "1"}, {"lr": "0.01", "seed": "1"}])
+    ['lr: 0.001 on rank 0, 0.01 on rank 1']
+    >>> disagreements([{"zero": "True"}, {"zero": "False"}, {"zero": "True"}])
+    ['zero: True on ranks 0, 2, False on rank 1']
+    """
+    found = []
+    for name in dict.fromkeys(k for values in everyone for k in values):  # in the ranks' order
+        ranks: dict[str, list[int]] = {}
+        for rank, values in enumerate(everyone):
+            ranks.setdefault(values.get(name, "(none)"), []).append(rank)
+        if len(ranks) > 1:
+            where = (
+                f"{v} on rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}"
+                for v, r in ranks.items()
+            )
+            found.append(f"{name}: {', '.join(where)}")
+    return found
+
+
+def weights_digest(state: dict[str, Any]) -> str:
+    """A SHA-256 of a state dict's names, shapes, dtypes and values, in order.
+
+    >>> weights_digest({"w": np.zeros(2)}) == weights_digest({"w": np.ones(2)})
+    False
+    """
+    digest = hashlib.sha256()
+    for name, value in state.items():
+        array = np.ascontiguousarray(to_numpy(value))
+        digest.update(f"{name}{array.shape}{array.dtype}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()

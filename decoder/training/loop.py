@@ -57,19 +57,14 @@ from decoder.training.log import (
     plot_losses,
     progress_bar,
 )
-from decoder.training.run import RUN_FILES, Run, sample_prompt, save, start_run
+from decoder.training.run import RUN_FILES, Run, lr_at, sample_prompt, save, start_run
 from decoder.training.rundir import claim_dir
 from decoder.training.step import TrainingDiverged, estimate_loss, train_step
 from minigrad.cpu_tuning import reuse_freed_memory
-from minigrad.optim import cosine_lr, set_lr
+from minigrad.optim import set_lr
 
 if TYPE_CHECKING:  # decoder.training.dist imports mpi4py only when a run asks for it
     from decoder.training.dist import DataParallel
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """The learning rate of optimiser step ``step`` (0-based): warmup, then cosine decay."""
-    return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
 
 
 def evaluate(run: Run, tokens_per_s: float, checkpoint: bool = True) -> None:

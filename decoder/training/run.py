@@ -46,11 +46,12 @@ from decoder.training.checkpoint import (
     save_checkpoint,
 )
 from decoder.training.config import DEFAULT_PRESET, TrainConfig, build_configs
+from decoder.training.dist import weights_digest
 from decoder.training.log import LOG, PLOT, parameters_text, read_log
 from decoder.training.mixed_precision import LOW_PRECISION, LossScaler
 from decoder.training.step import LossFn, lm_loss
 from minigrad.fileio import atomic_write
-from minigrad.optim import AdamW, param_groups_for_decay
+from minigrad.optim import AdamW, cosine_lr, param_groups_for_decay
 
 if TYPE_CHECKING:  # decoder.training.dist imports mpi4py only when a run asks for it
     from decoder.training.dist import DataParallel
@@ -59,6 +60,8 @@ RUN_FILES = (*CHECKPOINT_FILES, LOG, PLOT)  # what a run writes into its directo
 # Settings a resume cannot change: the tokenizer and the dtype are the checkpoint's, and the
 # seed chose the weights and the evaluation batches (the model's shape is checked apart).
 RESUME_FIXED = ("tokenizer", "bpe_vocab_size", "seed", "dtype")
+SCHEDULE = ("lr", "min_lr", "warmup_iters", "lr_decay_iters", "max_iters")  # lr_at's fields
+SAME_COMMAND = "launch every rank with the same command line, data and run directory"
 
 
 # ---- pieces of the run --------------------------------------------------------------------------
@@ -107,6 +110,54 @@ def _differences(a: Any, b: Any, names: tuple[str, ...] | None = None) -> list[s
         for f in dataclasses.fields(a)
         if (names is None or f.name in names) and getattr(a, f.name) != getattr(b, f.name)
     ]
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """The learning rate of optimiser step ``step`` (0-based): warmup, then cosine decay."""
+    return cosine_lr(step, cfg.lr, cfg.min_lr, cfg.warmup_iters, cfg.lr_decay_iters)
+
+
+def decay_follows_max_iters(
+    saved: TrainConfig, cfg: TrainConfig, overrides: dict[str, str]
+) -> TrainConfig:
+    """``cfg``, a resume's settings, with the decay ending at its ``max_iters`` where the run's
+    ended at the run's own (the default) and the run goes on longer: its added steps would
+    otherwise all run at ``min_lr``. A decay set apart or given now, or a shorter run, keeps
+    the end it had (the steps already taken keep their rates).
+
+    >>> old, longer = TrainConfig(max_iters=1000), TrainConfig(max_iters=2000, lr_decay_iters=1000)
+    >>> decay_follows_max_iters(old, longer, {"max_iters": "2000"}).lr_decay_iters
+    2000
+    >>> decay_follows_max_iters(old, longer, {"lr_decay_iters": "1000"}).lr_decay_iters
+    1000
+    """
+    follows = saved.lr_decay_iters == saved.max_iters and "lr_decay_iters" not in overrides
+    if follows and cfg.max_iters > saved.max_iters:
+        return dataclasses.replace(cfg, lr_decay_iters=cfg.max_iters)
+    return cfg
+
+
+def announce_resume(ckpt: Checkpoint, train_cfg: TrainConfig, say: Any) -> None:
+    """Say what a resume changes and, where it changes the schedule, the learning rate it
+    gives from here; refuse a new ``lr`` or ``warmup_iters`` that no remaining step would use
+    (the same rule in every trainer)."""
+    changed = _differences(ckpt.train_config, train_cfg)
+    if changed:
+        say("note: resuming with changed settings: " + "; ".join(changed))
+    if not _differences(ckpt.train_config, train_cfg, SCHEDULE):
+        return
+    step, cfg = ckpt.step, train_cfg
+    unused = _differences(ckpt.train_config, cfg, ("lr", "warmup_iters"))
+    if unused and cfg.lr_decay_iters <= step < cfg.max_iters:
+        raise CheckpointError(
+            f"{ckpt.path}: {'; '.join(unused)} would change no step: from step {step} the "
+            f"schedule stays at min_lr={cfg.min_lr:g} (lr_decay_iters={cfg.lr_decay_iters}); "
+            f"give --lr_decay_iters beyond {step} too, or change --min_lr instead"
+        )
+    to = f"cosine decay to min_lr={cfg.min_lr:g} at step {cfg.lr_decay_iters}"
+    if step >= cfg.lr_decay_iters:
+        to = f"min_lr={cfg.min_lr:g} from here on"
+    say(f"learning rate: {lr_at(step, cfg):.3g} at step {step + 1}, {to}, to step {cfg.max_iters}")
 
 
 def _check_resume(
@@ -217,6 +268,10 @@ def start_run(
     model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
     if ckpt is not None:
         _check_resume(ckpt, model_cfg, train_cfg, fingerprint)
+    if dist is not None:  # the first collective: ranks that disagree would hang in a later one
+        start = {"start step": ckpt.step if ckpt else 0, "--resume": resume, "--zero": dist.zero}
+        settings = {**dataclasses.asdict(model_cfg), **dataclasses.asdict(train_cfg), **start}
+        dist.agree("the run", {**settings, "data (sha256)": fingerprint}, SAME_COMMAND)
 
     # The data: 90% of the tokens to train on, the rest to validate (ids cached on disk).
     data = TokenDataset.from_text(text, tokenizer)
@@ -244,12 +299,13 @@ def start_run(
         say(matmul_line)
     if ckpt is None:
         say(f"training {parameters_text(model)}; the run directory is {out_dir}")
-        return run
-    changed = _differences(ckpt.train_config, train_cfg)
-    if changed:
-        say("note: resuming with changed settings: " + "; ".join(changed))
-    restore(run, ckpt)
-    say(f"resuming {out_dir} from step {run.step}")
+    else:
+        announce_resume(ckpt, train_cfg, say)
+        restore(run, ckpt)
+        say(f"resuming {out_dir} from step {run.step}")
+    if dist is not None:
+        digest = {"the weights' sha256": weights_digest(model.state_dict())}
+        dist.agree("the initial weights", digest, SAME_COMMAND)
     return run
 
 
@@ -359,4 +415,4 @@ def resume_configs(
         if k not in overrides
     }
     model_cfg, train_cfg = build_configs(preset or DEFAULT_PRESET, overrides, **kept)
-    return model_cfg, train_cfg, saved
+    return model_cfg, decay_follows_max_iters(saved.train_config, train_cfg, overrides), saved

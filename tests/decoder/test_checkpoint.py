@@ -184,8 +184,17 @@ def test_config_that_does_not_match_the_weights(saved):
         load_model(run)
 
 
+def _unrecorded(ckpt_dir):
+    """Drop the SHA-256 record from ``state.json``: a checkpoint saved before checksums, whose
+    files only the checks after it can refuse."""
+    state = json.loads((ckpt_dir / "state.json").read_text())
+    del state["sha256"]
+    (ckpt_dir / "state.json").write_text(json.dumps(state))
+
+
 def test_tokenizer_that_does_not_match_the_model(saved):
     run, ckpt_dir = saved
+    _unrecorded(ckpt_dir)
     (ckpt_dir / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": "abc"}))
     with pytest.raises(CheckpointError, match=r"tokenizer\.json: the tokenizer has 3 tokens"):
         load_model(run)
@@ -224,11 +233,61 @@ def _relabel(path, name, dtype):
 def test_a_relabelled_dtype_is_refused(saved):
     # F32 bytes read as I32 have the right length, and would load as numbers near 1e9
     run, ckpt_dir = saved
+    _unrecorded(ckpt_dir)
     _relabel(ckpt_dir / "model.safetensors", "tok_emb.weight", "I32")
     with pytest.raises(
         CheckpointError, match="'tok_emb.weight' is int32, but the model holds float32"
     ):
         load_model(run)
+
+
+CHANGED = (
+    "its SHA-256 is not the one recorded in state.json when it was saved: the file was changed"
+)
+
+
+def test_a_flipped_byte_in_the_weights_is_refused(saved):
+    run, ckpt_dir = saved
+    path = ckpt_dir / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0x01  # one bit of the last tensor's last value: still a valid file
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors: {CHANGED}"):
+        load_model(run)
+
+
+def test_two_same_shape_tensors_swapped_in_the_header_are_refused(saved):
+    run, ckpt_dir = saved
+    path = ckpt_dir / "model.safetensors"
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    a, b = (next(k for k in header if k.endswith(end)) for end in ("wq.weight", "wk.weight"))
+    header[a]["data_offsets"], header[b]["data_offsets"] = (
+        header[b]["data_offsets"],
+        header[a]["data_offsets"],
+    )
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n :])
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors: {CHANGED}"):
+        load_model(run)
+
+
+def test_a_tokenizer_edited_to_other_ids_is_refused(saved):
+    run, ckpt_dir = saved
+    path = ckpt_dir / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    tok["chars"] = tok["chars"][::-1]  # the same characters and size, other ids
+    path.write_text(json.dumps(tok))
+    with pytest.raises(CheckpointError, match=rf"tokenizer\.json: {CHANGED}"):
+        load_model(run)
+
+
+def test_a_checkpoint_saved_before_checksums_loads(saved):
+    run, ckpt_dir = saved
+    _unrecorded(ckpt_dir)
+    assert load_checkpoint(run).step == 3
 
 
 def test_a_float64_run_loads_in_float64(tmp_path):

@@ -236,7 +236,7 @@ def _damaged_cache(tmp_path, monkeypatch, damage):
         (lambda p: p.write_bytes(p.read_bytes()[:1000]), "truncated or overwritten"),
         (lambda p: p.with_suffix(".json").unlink(), "record .*json is missing"),
         (lambda p: p.with_suffix(".json").write_text("{"), "record .*json is unreadable"),
-        (lambda p: p.unlink(), "the ids file is missing"),
+        (lambda p: p.unlink(), "the cache file is missing"),
     ],
     ids=["overwritten", "truncated", "no-record", "bad-record", "no-ids"],
 )

@@ -51,7 +51,11 @@ needs_mpi = pytest.mark.skipif(
 )
 
 
-def launch(args: list[str], tmp_path: Path, ranks: int = 2) -> subprocess.CompletedProcess:
+def launch(
+    args: list[str], tmp_path: Path, ranks: int = 2, each: list[list[str]] | None = None
+) -> subprocess.CompletedProcess:
+    """``args`` on ``ranks`` ranks; with ``each``, one rank per item, given ``args`` and then its
+    own item (MPMD: ``mpirun -n 1 A : -n 1 B``)."""
     env = {
         **os.environ,
         "OPENBLAS_NUM_THREADS": "1",  # two ranks on two cores: one BLAS thread each
@@ -59,6 +63,9 @@ def launch(args: list[str], tmp_path: Path, ranks: int = 2) -> subprocess.Comple
         "MINIGRAD_DATA_DIR": str(tmp_path / "cache"),
     }
     command = [mpirun(), "-n", str(ranks), sys.executable, *args]
+    if each is not None:
+        apps = [["-n", "1", sys.executable, *args, *extra] for extra in each]
+        command = [mpirun(), *[a for i, app in enumerate(apps) for a in [":"] * (i > 0) + app]]
     return subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
@@ -214,9 +221,23 @@ def _nccl_case(out: Path) -> None:
         np.savez(out / "nccl.npz", **results)
 
 
+def _weights_case(out: Path) -> None:
+    """decoder.train with the arguments after OUT, alike on every rank, but with rank 1's weights
+    drawn from another seed (as another library version, or a stray draw, would)."""
+    from mpi4py import MPI
+
+    import minigrad as mg
+    from decoder.train import main
+
+    rank, manual_seed = MPI.COMM_WORLD.Get_rank(), mg.manual_seed
+    mg.manual_seed = lambda seed: manual_seed(seed + rank)
+    sys.exit(main(sys.argv[3:]))
+
+
 if __name__ == "__main__":
     case, out = sys.argv[1], Path(sys.argv[2])
-    {"steps": _steps_case, "fail": _fail_case, "nccl": _nccl_case}[case](out)
+    cases = {"steps": _steps_case, "fail": _fail_case, "nccl": _nccl_case}
+    {**cases, "weights": _weights_case}[case](out)
 
 
 # ---- the tests ----------------------------------------------------------------------------------
@@ -342,6 +363,47 @@ def test_a_two_rank_run_resumed_by_one_process_repeats_the_one_process_run(tmp_p
     assert_close(rest["losses"], one["losses"][4:], rtol=RTOL, atol=0.0)  # ranks: see RTOL
     log = [json.loads(line) for line in (ddp_dir / "log.jsonl").read_text().splitlines()]
     assert [row["step"] for row in log] == [0, 4, 8]
+
+
+def _tiny_ddp_run(tmp_path: Path) -> list[str]:
+    (tmp_path / "text.txt").write_text(make_text())
+    args = ["-m", "decoder.train", "--ddp", "--preset", "tiny", "--out", str(tmp_path / "run")]
+    args += ["--data", str(tmp_path / "text.txt"), "--batch_size=2", "--max_iters=2"]
+    args += ["--block_size=16", "--warmup_iters=1", "--eval_interval=2", "--eval_iters=1"]
+    return [*args, "--sample_tokens=0"]
+
+
+@needs_mpi
+@pytest.mark.parametrize(
+    "rank1, field",
+    [
+        (["--seed=2"], "seed: 1337 on rank 0, 2 on rank 1"),
+        (["--lr=2e-3"], "lr: 0.003 on rank 0, 0.002 on rank 1"),
+        (["--max_iters=3"], "max_iters: 2 on rank 0, 3 on rank 1"),
+        (["--zero"], "--zero: False on rank 0, True on rank 1"),
+    ],
+)
+def test_ranks_launched_with_other_settings_are_refused_naming_the_field(tmp_path, rank1, field):
+    done = launch(_tiny_ddp_run(tmp_path), tmp_path, each=[[], rank1])  # a hang: the timeout
+    assert done.returncode != 0
+    assert f"the ranks disagree on the run: {field}" in done.stderr, done.stderr
+
+
+@needs_mpi
+def test_a_resume_on_one_rank_only_is_refused_naming_it(tmp_path):
+    args = _tiny_ddp_run(tmp_path)
+    assert launch(args, tmp_path).returncode == 0
+    done = launch([*args, "--max_iters=4"], tmp_path, each=[["--resume"], []])
+    assert done.returncode != 0
+    assert "start step: 2 on rank 0, 0 on rank 1" in done.stderr, done.stderr
+    assert "--resume: True on rank 0, False on rank 1" in done.stderr
+
+
+@needs_mpi
+def test_ranks_whose_initial_weights_differ_are_refused(tmp_path):
+    done = launch([__file__, "weights", str(tmp_path), *_tiny_ddp_run(tmp_path)[2:]], tmp_path)
+    assert done.returncode != 0
+    assert "the ranks disagree on the initial weights: the weights' sha256: " in done.stderr
 
 
 def test_a_run_without_ddp_never_imports_mpi():

@@ -4,6 +4,7 @@ generated and imported data, exact resume of decoder.sft, and its command-line e
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -193,11 +194,34 @@ def test_generated_examples_are_seeded_fit_and_are_cached(tmp_path):
     assert all(e["response"] in SPEAKERS and e["instruction"] in _questions() for e in speaker)
     cached = generated("sft", TEXT, 60, 3, 64, cache=tmp_path)
     assert cached == a
-    (path,) = tmp_path.iterdir()
-    path.write_text(json.dumps({"instruction": "q", "response": "a"}) + "\n")
-    assert generated("sft", TEXT, 60, 3, 64, cache=tmp_path) == [
-        {"instruction": "q", "response": "a"}
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".jsonl"]  # + its record
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda lines: lines[: len(lines) // 3],  # cut at a line end: still valid JSONL
+        lambda lines: [line.replace('"response": "', '"response": "x') for line in lines],
+    ],
+    ids=["cut", "edited"],
+)
+def test_a_damaged_instruction_cache_is_rebuilt(tmp_path, damage):
+    made = generated("sft", TEXT, 60, 3, 64, cache=tmp_path)
+    (path,) = tmp_path.glob("*.jsonl")
+    path.write_text("".join(damage(path.read_text().splitlines(keepends=True))))
+    with pytest.warns(UserWarning, match="instruction cache .*truncated or overwritten"):
+        assert generated("sft", TEXT, 60, 3, 64, cache=tmp_path) == made
+    assert generated("sft", TEXT, 60, 3, 64, cache=tmp_path) == made  # rebuilt, trusted again
+
+
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path):
+    rows = [
+        {"instruction": "a\u2028b", "response": "c\x85d"},
+        {"instruction": "e", "response": "f"},
     ]
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    assert read_jsonl(path, "sft") == rows
 
 
 def _questions() -> set[str]:
@@ -312,3 +336,75 @@ def test_cli_errors(base, tmp_path, capsys):
     assert "keeps its base model's shape" in capsys.readouterr().err
     assert main(["--out", str(tmp_path / "none"), "--resume"]) == 2
     assert "no checkpoint to resume from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "lora, options, named",
+    [
+        (None, ["--lora-r", "4"], r"r: 0 -> 4"),
+        (
+            {"r": 2, "alpha": 4.0, "targets": ["wq", "wv"]},
+            ["--targets", "wq"],
+            r"targets: \['wq', 'wv'\] -> \['wq'\]",
+        ),
+        ({"r": 2, "alpha": 4.0, "targets": ["wq", "wv"]}, ["--lora-r", "3"], "r: 2 -> 3"),
+    ],
+)
+def test_a_resume_refuses_other_adapters_by_name(base, tmp_path, capsys, lora, options, named):
+    kw = dict(n_examples=120, overrides={**SHORT, "max_iters": "4"}, text=TEXT, progress=False)
+    sft(base, tmp_path / "run", lora=lora, until=2, **kw)
+    capsys.readouterr()
+    assert main(["--out", str(tmp_path / "run"), "--resume", *options]) == 2
+    err = capsys.readouterr().err
+    assert "a resume cannot change the LoRA adapters" in err
+    assert re.search(named, err), err
+
+
+class _Oracle:
+    """A model that predicts, after any prefix of one of ``turns``, that turn's next token (its
+    logits one-hot): it answers every question of ``turns`` perfectly, however long the answer."""
+
+    def __init__(self, turns, vocab_size):
+        self.next = {tuple(t[: i + 1]): t[i + 1] for t in turns for i in range(len(t) - 1)}
+        self.V, self.calls = vocab_size, 0
+
+    def __call__(self, x):
+        self.calls += 1
+        B, T = x.shape
+        logits = np.zeros((B, T, self.V))
+        for b, t in np.ndindex(B, T):
+            logits[b, t, self.next.get(tuple(x[b, : t + 1].tolist()), 0)] = 1.0
+        return mg.Tensor(logits), None
+
+    def generate(self, prompt, max_new_tokens, temperature, stop_token):  # greedy, as respond's
+        ids = list(prompt)
+        while len(ids) - len(prompt) < max_new_tokens and tuple(ids) in self.next:
+            ids.append(self.next[tuple(ids)])
+            if ids[-1] == stop_token:
+                break
+        return ids[len(prompt) :]
+
+
+def test_exact_match_scores_long_answers_in_a_pass_per_batch():
+    from decoder.post.sft import EXACT_BATCH, exact_match
+
+    tok = chat_tokenizer(CharTokenizer.from_text("abcdefgh "))
+    answers = ["abc " * 10, "h", "gfe dcba " * 5] * 20  # 40 and 45 characters: past 24
+    examples = [
+        {"instruction": "ab"[i % 2] * (1 + i), "response": r} for i, r in enumerate(answers)
+    ]
+    oracle = _Oracle([encode_pair(tok, e["instruction"], e["response"])[0] for e in examples], 12)
+    assert exact_match(oracle, tok, examples) == 1.0
+    assert oracle.calls == -(-len(examples) // EXACT_BATCH)  # not a pass per answer token
+    wrong = [{**examples[0], "response": examples[0]["response"][:-1] + "a"}, examples[1]]
+    assert exact_match(oracle, tok, wrong) == 0.5  # the last character of the first is wrong
+
+
+def test_a_resume_names_a_new_lr_and_the_schedule_it_gives(base, tmp_path, capsys):
+    kw = dict(n_examples=120, text=TEXT)
+    sft(base, tmp_path / "run", overrides=SHORT, until=2, progress=False, **kw)
+    longer = {**SHORT, "lr": "1e-3", "max_iters": "8"}
+    assert sft(None, tmp_path / "run", overrides=longer, resume=True, **kw)["step"] == 8
+    out = capsys.readouterr().out
+    assert "resuming with changed settings: max_iters: 6 -> 8; lr: 0.0003 -> 0.001" in out
+    assert "at step 3, cosine decay to min_lr=3e-05 at step 8, to step 8" in out

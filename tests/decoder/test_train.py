@@ -257,3 +257,25 @@ def test_estimate_loss_scores_a_split_alone_as_it_does_beside_the_other():
     assert model.training  # back in training mode
     with pytest.raises(ValueError, match=r"unknown splits \['test'\]"):
         estimate_loss(model, data, train_cfg, model_cfg.block_size, splits=("test",))
+
+
+# ---- what a resume changes ----------------------------------------------------------------------
+def test_a_resume_with_a_new_lr_and_max_iters_decays_over_the_new_length(tmp_path, capsys):
+    model_cfg, train_cfg = configs(max_iters=4, warmup_iters=1, dropout=0.0)
+    train(model_cfg, train_cfg, TEXT, tmp_path, progress=False)
+    model_cfg, longer, _ = tr.resume_configs(tmp_path, None, {"lr": "1e-2", "max_iters": "8"})
+    assert longer.lr_decay_iters == 8  # not the old max_iters, which left every step at min_lr
+    capsys.readouterr()
+    train(model_cfg, longer, TEXT, tmp_path, resume=True)
+    out = capsys.readouterr().out
+    assert "lr: 0.003 -> 0.01" in out
+    assert f"learning rate: {tr.lr_at(4, longer):.3g} at step 5, cosine decay to min_lr" in out
+    assert tr.lr_at(4, longer) > 10 * longer.min_lr
+
+
+def test_a_resume_refuses_a_new_lr_that_no_remaining_step_would_use(tmp_path):
+    model_cfg, train_cfg = configs(max_iters=6, lr_decay_iters=2, warmup_iters=1, dropout=0.0)
+    train(model_cfg, train_cfg, TEXT, tmp_path, progress=False, until=3)
+    model_cfg, changed, _ = tr.resume_configs(tmp_path, None, {"lr": "1e-2"})
+    with pytest.raises(CheckpointError, match="lr: 0.003 -> 0.01 would change no step"):
+        train(model_cfg, changed, TEXT, tmp_path, resume=True, progress=False)

@@ -19,10 +19,10 @@ The pieces live in five rooms, in the order data flows through them:
   ``pretrained`` (their checkpoints).
 
 Arrows go one way: text and model stand alone, training uses both, post uses training (and
-hf for a Hugging Face base), hf uses model and text. At the top sit the five commands,
-``train``, ``generate``, ``finetune``, ``sft`` and ``dpo`` (``python -m decoder.<command>``,
-each with its own --help), and ``cli``, what their command lines share; ``python -m decoder``
-(``__main__``) lists them.
+hf for a Hugging Face base), hf uses model and text. At the top sit the six commands,
+``train``, ``generate``, ``finetune``, ``sft``, ``dpo`` and ``chat`` (``python -m
+decoder.<command>``, each with its own --help), and ``cli``, what their command lines share;
+``python -m decoder`` (``__main__``) lists them.
 """
 
 from decoder.model.model import Decoder

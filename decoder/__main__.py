@@ -6,6 +6,7 @@ python -m decoder.generate    sample text from a checkpoint (--checkpoint DIR --
 python -m decoder.finetune    LoRA fine-tuning on new text; 'finetune merge' folds adapters in
 python -m decoder.sft         supervised fine-tuning on instruction pairs (--checkpoint RUN --out)
 python -m decoder.dpo         preference optimisation (DPO) of an SFT run (--checkpoint RUN --out)
+python -m decoder.chat        answer instructions with an SFT or DPO run (--checkpoint RUN)
 """
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from decoder.cli import add_device
 from decoder.hf.pretrained import load_pretrained
@@ -58,7 +59,15 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="the text to continue (default: a newline, or token 0 where the vocabulary has none)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=500)
+    add_sampling(p)
+    p.add_argument("--stop", default=None, help="end after this text (one token)")
+    add_device(p, "the checkpoint's device; the CPU for --from-pretrained")
+    return p
+
+
+def add_sampling(p: argparse.ArgumentParser, max_new_tokens: int = 500) -> None:
+    """The sampling options (decoder.chat takes them too); ``sampling`` reads them."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     p.add_argument(
         "--temperature", type=float, default=None, help="< 1 sharper, > 1 flatter (default 0.8)"
     )
@@ -78,22 +87,33 @@ def parser() -> argparse.ArgumentParser:
         default=1.0,
         help="beam search ranks by log-probability / length ** this (> 0 favours longer)",
     )
-    p.add_argument("--stop", default=None, help="end after this text (one token)")
-    add_device(p, "the checkpoint's device; the CPU for --from-pretrained")
-    return p
+
+
+def sampling(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``add_sampling``'s options as Decoder.generate's keywords (a mix that cannot go
+    together is a usage error)."""
+    if args.beam_width != 1 and (args.temperature, args.top_k, args.top_p) != (None,) * 3:
+        p.error(
+            "--beam-width ranks by the model's own probabilities: drop --temperature, "
+            "--top-k and --top-p (they shape sampling)"
+        )
+    default_temperature = 0.8 if args.beam_width == 1 else 1.0
+    return dict(
+        temperature=default_temperature if args.temperature is None else args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        use_cache=not args.no_cache,
+        beam_width=args.beam_width,
+        length_penalty=args.length_penalty,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the process exit code."""
     p = parser()
     args = p.parse_args(argv)
-    if args.beam_width != 1 and (args.temperature, args.top_k, args.top_p) != (None,) * 3:
-        p.error(
-            "--beam-width ranks by the model's own probabilities: drop --temperature, "
-            "--top-k and --top-p (they shape sampling)"
-        )
-    if args.temperature is None:
-        args.temperature = 0.8 if args.beam_width == 1 else 1.0
+    settings = sampling(p, args)
     if args.block_size is not None and not args.from_pretrained:
         p.error("--block-size goes with --from-pretrained (a checkpoint keeps its own)")
     try:
@@ -103,20 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             model, tokenizer, _ = load_model(args.checkpoint, device=args.device)
-        print_sample(
-            model,
-            tokenizer,
-            default_prompt(tokenizer) if args.prompt is None else args.prompt,
-            args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            seed=args.seed,
-            use_cache=not args.no_cache,
-            beam_width=args.beam_width,
-            length_penalty=args.length_penalty,
-            stop=args.stop,
-        )
+        prompt = default_prompt(tokenizer) if args.prompt is None else args.prompt
+        print_sample(model, tokenizer, prompt, args.max_new_tokens, **settings, stop=args.stop)
     except (CheckpointError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

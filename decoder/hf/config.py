@@ -9,9 +9,12 @@ and refuses one whose fields would not come back unchanged.
 
 Mistral's ``sliding_window`` becomes our ``window`` on every layer, and Qwen2's per-layer
 ``layer_types`` (or its older ``max_window_layers``) our ``window_pattern``; a Llama-layout
-model windowed on every layer saves as a MistralForCausalLM. Left out on purpose: RoPE
-scaling (linear, NTK, YaRN, Llama 3's). Follows the configs of Hugging Face transformers'
-``GPT2Config`` and ``LlamaConfig``.
+model windowed on every layer saves as a MistralForCausalLM. RoPE scaling of the types
+``linear`` and ``llama3`` (Llama 3.1 and 3.2) becomes our ``rope_scaling`` of the same name
+(decoder.model.positional). Left out on purpose: ``dynamic`` (the frequencies change with each
+input's length) and ``yarn`` (transformers ramps over the dimension index, ours over the
+turns: not the same model). Follows the configs of Hugging Face transformers' ``GPT2Config``
+and ``LlamaConfig``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from decoder.model.config import ModelConfig
+from decoder.model.positional import LLAMA3_HIGH, LLAMA3_LOW
 
 # architecture -> (family, model_type) for the ones we load and save
 ARCHITECTURES = {
@@ -146,16 +150,6 @@ def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
     f.require("use_mrope", (False,), False, "Qwen2-VL's multimodal rotary")
     f.require("attention_dropout", (0, 0.0), 0.0, "dropout only on the attention weights")
     f.require("head_dim", (n_embd // n_head,), n_embd // n_head, "hidden_size / heads")
-    # rope_parameters (transformers 5) holds what rope_theta and rope_scaling held before
-    rope = {"rope_theta": f.get("rope_theta", 10000.0), **(f.get("rope_scaling") or {})}
-    rope.update(f.get("rope_parameters") or {})
-    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-    theta = rope.pop("rope_theta")
-    if rope_type != "default" or rope:
-        raise PretrainedError(
-            f"config.json asks for RoPE scaling {rope_type!r} ({rope}); this loader implements "
-            f"plain RoPE only (no linear, dynamic, YaRN or llama3 scaling)"
-        )
     window, window_pattern = _sliding_window(f, arch)
     block_size = f.need("max_position_embeddings")
     qkv_bias = arch == "Qwen2ForCausalLM"  # Qwen2's q, k, v projections always have biases
@@ -174,7 +168,7 @@ def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
         n_embd=n_embd,
         ffn_hidden=f.need("intermediate_size"),
         norm_eps=f.get("rms_norm_eps", 1e-6),
-        rope_theta=float(theta),
+        **_rope(f),
         tie_weights=f.get("tie_word_embeddings", False),
         pos="rope",
         norm="rms",
@@ -186,11 +180,67 @@ def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
     )
 
 
+# rope_type -> (our rope_scaling, the fields it reads beside factor, and their fixed values)
+ROPE_TYPES = {
+    "default": (None, {}),
+    "linear": ("linear", {}),
+    "llama3": ("llama3", {"low_freq_factor": LLAMA3_LOW, "high_freq_factor": LLAMA3_HIGH}),
+}
+
+
+def _rope(f: _Fields) -> dict[str, Any]:
+    """Our rope_* fields from a Llama-family config.json's rope_theta and rope_scaling (or
+    transformers 5's rope_parameters, which holds both)."""
+    rope = {"rope_theta": f.get("rope_theta", 10000.0), **(f.get("rope_scaling") or {})}
+    rope.update(f.get("rope_parameters") or {})
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    theta = float(rope.pop("rope_theta"))
+    if rope_type not in ROPE_TYPES:
+        raise PretrainedError(
+            f"config.json asks for RoPE scaling {rope_type!r} ({rope}); this loader implements "
+            f"{sorted(ROPE_TYPES)} (not dynamic NTK, whose frequencies change with the input's "
+            f"length, nor transformers' YaRN, whose ramp differs from ours)"
+        )
+    scaling, fixed = ROPE_TYPES[rope_type]
+    original = rope.pop("original_max_position_embeddings", None) if scaling == "llama3" else None
+    factor = float(rope.pop("factor", 1.0)) if scaling else 1.0
+    unknown = {k: v for k, v in rope.items() if fixed.get(k, object()) != v}
+    if unknown:
+        raise PretrainedError(
+            f"config.json's RoPE scaling {rope_type!r} sets {unknown}, which this loader cannot "
+            f"honour{f' (it implements {fixed})' if fixed else ''}"
+        )
+    return dict(
+        rope_theta=theta, rope_scaling=scaling, rope_factor=factor, rope_original_context=original
+    )
+
+
+def _rope_to_hf(c: ModelConfig) -> dict[str, Any]:
+    """config.json's rope fields for ``c``: rope_scaling only where it scales, of a type
+    transformers and ``_rope`` share."""
+    if c.rope_scaling is None:
+        return {"rope_theta": c.rope_theta}
+    if c.rope_scaling not in ROPE_TYPES:
+        raise PretrainedError(
+            f"rope_scaling={c.rope_scaling!r}: the Llama family's config.json shares only "
+            f"{sorted(k for k in ROPE_TYPES if k != 'default')} with our RoPE scalings"
+        )
+    scaling = {
+        "rope_type": c.rope_scaling,
+        "factor": c.rope_factor,
+        **ROPE_TYPES[c.rope_scaling][1],
+    }
+    if c.rope_scaling == "llama3":
+        scaling["original_max_position_embeddings"] = c.rope_original_context
+    return {"rope_theta": c.rope_theta, "rope_scaling": scaling}
+
+
 def _sliding_window(f: _Fields, arch: str) -> tuple[int | None, str]:
     """(window, window_pattern) of a Llama-family config.json. Mistral windows every layer;
-    Qwen2 only with use_sliding_window, then the layers from max_window_layers on (its
-    ``layer_types`` says so per layer in transformers 5). Both mask as ours: a query sees
-    itself and the window - 1 keys before it."""
+    Llama none, whatever its sliding_window says (transformers ignores it there); Qwen2 only
+    with use_sliding_window, then the layers from max_window_layers on (its ``layer_types``
+    says so per layer in transformers 5). Both mask as ours: a query sees itself and the
+    window - 1 keys before it."""
     window = f.get("sliding_window")
     n_layer = f.need("num_hidden_layers")
     if arch == "Qwen2ForCausalLM":
@@ -199,6 +249,9 @@ def _sliding_window(f: _Fields, arch: str) -> tuple[int | None, str]:
         full = f.get("max_window_layers", n_layer)  # read even when unused: it changes nothing
         full = n_layer if window is None else full
         kinds = ["full_attention"] * full + ["sliding_attention"] * (n_layer - full)
+    elif arch == "LlamaForCausalLM":
+        window = None  # transformers' Llama reads no window (a field other tools leave there)
+        kinds = ["full_attention"] * n_layer
     else:
         kinds = ["full_attention" if window is None else "sliding_attention"] * n_layer
     kinds = f.get("layer_types", kinds)
@@ -282,7 +335,7 @@ def _config_to_hf(config: ModelConfig) -> tuple[dict[str, Any], str]:
             "intermediate_size": c.ffn_hidden,
             "hidden_act": "silu",
             "rms_norm_eps": c.norm_eps,
-            "rope_theta": c.rope_theta,
+            **_rope_to_hf(c),
             **window,
             **(
                 {} if arch == "Qwen2ForCausalLM" else {"attention_bias": c.bias, "mlp_bias": c.bias}

@@ -250,7 +250,8 @@ def load_weights(model: Decoder, directory: Path, family: str) -> None:
         }
         wanted = {theirs for theirs, _ in mapping.values()}
         missing = sorted(wanted - set(files))
-        # a tied model's lm_head.weight, when a checkpoint carries it, is tok_emb's again
+        # a tied model's lm_head.weight, when a file carries it, equals tok_emb's (one that
+        # differs unties the model: from_pretrained's _head_of_its_own)
         tied_head = {"lm_head.weight"} if model.config.tie_weights else set()
         unexpected = sorted(
             n for n in set(files) - wanted - tied_head if not BUFFER_NAMES.search(n)
@@ -288,6 +289,22 @@ def _open_weights(directory: Path, stack: contextlib.ExitStack) -> dict[str, Saf
     return files
 
 
+def _head_of_its_own(directory: Path, family: str) -> bool:
+    """Whether the weights carry an ``lm_head.weight`` other than the token embedding: with
+    tie_word_embeddings set, transformers then keeps the file's head (untied, with a warning),
+    and so does this loader. One equal to the embedding changes nothing: the tie stays."""
+    with contextlib.ExitStack() as stack:
+        files = _open_weights(directory, stack)
+        if "lm_head.weight" not in files:
+            return False
+        embedding = {"gpt2": "wte.weight", "llama": "model.embed_tokens.weight"}[family]
+        embedding = next((n for n in files if n.endswith(embedding)), None)
+        if embedding is None:  # load_weights names what is missing
+            return False
+        head = files["lm_head.weight"]["lm_head.weight"]
+        return not np.array_equal(head, files[embedding][embedding])
+
+
 def from_pretrained(
     source: str | os.PathLike, device: str = "cpu", block_size: int | None = None
 ) -> Decoder:
@@ -306,6 +323,8 @@ def from_pretrained(
                 f"{config.block_size} tokens; choose 1..{config.block_size}"
             )
         config = dataclasses.replace(config, block_size=block_size)
+    if config.tie_weights and _head_of_its_own(directory, family):
+        config = dataclasses.replace(config, tie_weights=False)  # as transformers: the file's
     model = build_model(config)
     load_weights(model, directory, family)
     model.to(device)

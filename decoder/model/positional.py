@@ -12,17 +12,18 @@ token, unchanged. Two families fix that:
   ``alibi_bias``).
 
 RoPE stretches to contexts longer than the training one by changing its frequencies
-(``rope_frequencies``): "linear" position interpolation, the "ntk"-aware change of base, and
-"yarn", which interpolates only the slow pairs and scales the scores by a temperature.
+(``rope_frequencies``): "linear" position interpolation, the "ntk"-aware change of base,
+"yarn", which interpolates only the slow pairs and scales the scores by a temperature, and
+"llama3", Llama 3.1's ramp of the same shape without the temperature.
 
 Every scheme has a helper returning plain NumPy arrays for the lessons' plots.
 Left out on purpose: interleaved-pair RoPE (GPT-J, Meta's Llama code), dynamic (per-length)
-NTK scaling, Llama 3.1's own frequency ramp, and T5's learned relative buckets.
+NTK scaling, and T5's learned relative buckets.
 Follows Vaswani et al. (2017), Radford et al. (2019), Su et al., "RoFormer" (2021),
 Press et al., "Train Short, Test Long" (ALiBi, 2022), Chen et al., "Extending Context Window
 of Large Language Models via Positional Interpolation" (2023), bloc97's "NTK-Aware Scaled
 RoPE" (2023) and Peng et al., "YaRN: Efficient Context Window Extension of Large Language
-Models" (2023).
+Models" (2023), and Meta's Llama 3.1 (2024, its ``apply_scaling``).
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ if TYPE_CHECKING:  # for annotations only: decoder.model.config imports this mod
     from decoder.model.config import ModelConfig
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
-ROPE_SCALINGS = ("linear", "ntk", "yarn")  # or None: RoPE as trained
+ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # or None: RoPE as trained
 # YaRN's ramp (the paper's alpha and beta, its values for Llama): pairs turning fewer than
 # YARN_ALPHA times over the original context are interpolated, more than YARN_BETA times kept.
 YARN_ALPHA, YARN_BETA = 1.0, 32.0
+# Llama 3.1's ramp (its low_freq_factor and high_freq_factor), the same shape as YaRN's
+LLAMA3_LOW, LLAMA3_HIGH = 1.0, 4.0
+RAMPS = {"yarn": (YARN_ALPHA, YARN_BETA), "llama3": (LLAMA3_LOW, LLAMA3_HIGH)}
 
 
 def _check_span(name: str, T: int, offset: int, block_size: int) -> None:
@@ -143,7 +147,9 @@ def rope_frequencies(
         theta_i <- (1 - gamma_i) theta_i / factor + gamma_i theta_i: slow pairs (few turns,
         never seen past one cycle) interpolated, fast pairs (many turns) left as they are.
         cos and sin are multiplied by sqrt(1 / t) = 0.1 ln(factor) + 1, so every score
-        q . k is divided by the temperature t.
+        q . k is divided by the temperature t;
+      - "llama3" (Llama 3.1 and 3.2): YaRN's ramp between LLAMA3_LOW and LLAMA3_HIGH turns,
+        without the temperature.
 
     >>> rope_frequencies(4)[0].tolist()  # theta^0 and theta^(-1/2)
     [1.0, 0.01]
@@ -171,11 +177,12 @@ def rope_frequencies(
     freqs = theta**-exponents  # (hs/2,) one per pair
     if scaling == "linear":
         return freqs / factor, 1.0
-    if scaling == "yarn":
+    if scaling in RAMPS:
+        low, high = RAMPS[scaling]
         turns = original_context * freqs / (2 * math.pi)  # r_i = L / wavelength_i
-        gamma = np.clip((turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA), 0.0, 1.0)  # (hs/2,)
+        gamma = np.clip((turns - low) / (high - low), 0.0, 1.0)  # (hs/2,)
         freqs = (1 - gamma) * freqs / factor + gamma * freqs
-        return freqs, 0.1 * math.log(factor) + 1.0
+        return freqs, 0.1 * math.log(factor) + 1.0 if scaling == "yarn" else 1.0
     return freqs, 1.0
 
 
@@ -210,9 +217,9 @@ def check_rope_scaling(scaling: str | None, factor: float, original_context: int
             f"rope_factor={factor} has no effect without rope_scaling: set rope_scaling to "
             f"one of {ROPE_SCALINGS}, or leave rope_factor at 1"
         )
-    if scaling == "yarn" and original_context is None:
+    if scaling in RAMPS and original_context is None:
         raise ValueError(
-            "rope_scaling='yarn' needs rope_original_context, the context length the model "
+            f"rope_scaling={scaling!r} needs rope_original_context, the context length the model "
             "was trained at (its ramp counts each pair's turns over that length)"
         )
 

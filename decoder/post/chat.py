@@ -25,7 +25,8 @@ are short). Follows the shape of ChatML (OpenAI) and Ouyang et al. 2022 (Instruc
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -122,10 +123,24 @@ def add_chat_tokens(model: Decoder, vocab_size: int, seed: int) -> Decoder:
     return grown.to(model.device)
 
 
-def respond(model: Decoder, tokenizer: Any, instruction: str, max_new_tokens: int) -> str:
-    """The model's greedy answer to ``instruction``, up to ``<|end|>`` (not included)."""
+def answer_tokens(
+    model: Decoder, tokenizer: Any, instruction: str, max_new_tokens: int, **sampling: Any
+) -> tuple[list[int], Iterator[int]]:
+    """The prompt's ids and the answer's ids as the model makes them (Decoder.generate's
+    ``sampling`` settings), up to ``<|end|>`` (not included), within the model's context."""
     end = tokenizer.special_tokens[END]
     prompt = encode_prompt(tokenizer, instruction)
     room = model.config.block_size - len(prompt)  # a prompt and its answer share the context
-    ids = model.generate(prompt, max(0, min(max_new_tokens, room)), temperature=0.0, stop_token=end)
-    return tokenizer.decode([i for i in ids if i != end])
+    if room < 1:
+        raise ValueError(
+            f"the instruction takes {len(prompt)} tokens with the template, and the model's "
+            f"context is {model.config.block_size}: shorten it"
+        )
+    tokens = model.generate(prompt, min(max_new_tokens, room), stop_token=end, **sampling)
+    return prompt, itertools.takewhile(lambda token: token != end, tokens)
+
+
+def respond(model: Decoder, tokenizer: Any, instruction: str, max_new_tokens: int) -> str:
+    """The model's greedy answer to ``instruction``, up to ``<|end|>`` (not included)."""
+    _, tokens = answer_tokens(model, tokenizer, instruction, max_new_tokens, temperature=0.0)
+    return tokenizer.decode(list(tokens))

@@ -11,7 +11,9 @@ weights changed since, and names the base run's newer checkpoint when training t
 further removed the one they were trained on (a run keeps only its newest): copy a base
 checkpoint elsewhere to keep it. ``--merge`` (or the ``merge`` command) folds the adapters into
 the base weights and writes a full checkpoint that decoder.generate reads like any other;
-for a Hugging Face base (``--from-pretrained``), a Hugging Face directory, to share.
+for a Hugging Face base (``--from-pretrained``), a Hugging Face directory, to share, with the
+base's whole context (``--block-size`` crops it for training only). A merge refuses an output
+directory that is, holds or lies in its inputs.
 
 The new text must be written in the base tokenizer's vocabulary: a character-level model
 cannot read characters it has never seen (the error lists them). Each step is
@@ -20,8 +22,9 @@ the same way).
 ``--out`` is held as decoder.training.rundir describes: locked while in use, and a previous
 fine-tune's adapters (or a merged checkpoint) are replaced only with ``--overwrite``.
 
-Left out on purpose: QLoRA (quantised bases), adapters on embeddings, several adapters at
-once, and resuming a fine-tune (they take minutes). Follows Hu et al. 2021 ("LoRA") and
+Left out on purpose: QLoRA (quantised bases), adapters on embeddings or on a tied output head
+(minigrad.nn.lora.apply_lora refuses it: merging would change the embedding), several adapters
+at once, and resuming a fine-tune (they take minutes). Follows Hu et al. 2021 ("LoRA") and
 the shape of HF PEFT's save format (adapter weights + a small JSON config).
 """
 
@@ -190,29 +193,39 @@ def _apply(model: Any, targets: Sequence[str], lora: dict[str, Any]) -> list[str
 
 
 def _load_base(
-    source: str | Path, device: str | None, pretrained: bool, block_size: int | None = None
+    source: str | Path,
+    device: str | None,
+    pretrained: bool,
+    block_size: int | None = None,
+    trained_block_size: int | None = None,
 ) -> tuple[Any, Any, TrainConfig, dict[str, Any]]:
     """The base model, its tokenizer, its training settings, and where it came from (for
-    lora.json): one of our checkpoints, or a Hugging Face model."""
+    lora.json): one of our checkpoints, or a Hugging Face model, its context cropped to
+    ``block_size``; its digest is that of the model cropped to ``trained_block_size`` (the
+    fine-tune's context; default: the one loaded), so a base loaded whole for a merge is
+    checked against the digest its fine-tune recorded."""
     if pretrained:
         model, tokenizer = load_pretrained(source, device=device or "cpu", block_size=block_size)
         where = str(resolve_source(source).resolve())  # a hub name: its cache directory
-        base = {"base_pretrained": where, "block_size": model.config.block_size}
-        return model, tokenizer, TrainConfig(), {**base, "base_sha256": _digest(model)}
+        trained = trained_block_size or model.config.block_size
+        base = {"base_pretrained": where, "block_size": trained}
+        return model, tokenizer, TrainConfig(), {**base, "base_sha256": _digest(model, trained)}
     model, tokenizer, ckpt = load_model(source, device=device)
     where = {"base_checkpoint": str(ckpt.path.resolve()), "base_step": ckpt.step}
     return model, tokenizer, ckpt.train_config, {**where, "base_sha256": _digest(model)}
 
 
-def _digest(model: Any) -> str:
+def _digest(model: Any, rows: int | None = None) -> str:
     """The sha256 of a model's weights (names, dtypes, shapes and values): lora.json records
     the base's, so adapters are never applied to a base that changed since (retrained,
-    overwritten, or another download under the same name)."""
+    overwritten, or another download under the same name). ``rows``: hash the learned
+    positions' first rows only, as loading with that block_size crops them."""
     digest = hashlib.sha256()
     # what state_dict saves, without its copies: a base of billions of weights is hashed once
     tensors = model.named_parameters() + model.named_buffers(persistent_only=True)
     for name, tensor in sorted(tensors, key=lambda named: named[0]):
-        array = np.ascontiguousarray(to_numpy(tensor.data))  # a GPU base: one tensor at a time
+        array = to_numpy(tensor.data)  # a GPU base: one tensor at a time
+        array = np.ascontiguousarray(array[:rows] if name == "pos_emb.weight" else array)
         digest.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
         digest.update(array.data)
     return digest.hexdigest()
@@ -251,9 +264,8 @@ def train_adapters(model: Any, data: TokenDataset, cfg: TrainConfig, say: Any) -
             say(f"step {step + 1}/{max_iters}: loss {loss:.4f}")
 
 
-def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, Any, dict]:
-    """The base model with the saved adapters applied (not merged): (model, tokenizer, settings)."""
-    adapters_dir = Path(adapters_dir)
+def _read_settings(adapters_dir: Path) -> tuple[dict[str, Any], str, bool]:
+    """A fine-tune's lora.json, the base it names, and whether that is a Hugging Face model."""
     path = adapters_dir / SETTINGS
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; is {adapters_dir} the --out of a fine-tune?")
@@ -262,7 +274,19 @@ def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, An
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
     pretrained = "base_pretrained" in settings
-    base = settings["base_pretrained" if pretrained else "base_checkpoint"]
+    return settings, settings["base_pretrained" if pretrained else "base_checkpoint"], pretrained
+
+
+def load_adapted(
+    adapters_dir: str | Path, device: str = "cpu", full_context: bool = False
+) -> tuple[Any, Any, dict]:
+    """The base model with the saved adapters applied (not merged): (model, tokenizer, settings).
+
+    A Hugging Face base comes with the context its fine-tune trained with, or with
+    ``full_context`` its own (what a merge saves: a crop for training is not the model's)."""
+    adapters_dir = Path(adapters_dir)
+    settings, base, pretrained = _read_settings(adapters_dir)
+    path = adapters_dir / SETTINGS
     if not pretrained and not Path(base).is_dir():
         run_dir = Path(base).parent
         now = resolve_checkpoint(run_dir).name if has_checkpoint(run_dir) else "no checkpoint"
@@ -272,7 +296,9 @@ def load_adapted(adapters_dir: str | Path, device: str = "cpu") -> tuple[Any, An
             f"checkpoint). Fine-tune again on the current base; to keep a base, copy its "
             f"checkpoint directory elsewhere and fine-tune from the copy"
         )
-    model, tokenizer, _, where = _load_base(base, "cpu", pretrained, settings.get("block_size"))
+    trained = settings.get("block_size")
+    crop = None if full_context else trained
+    model, tokenizer, _, where = _load_base(base, "cpu", pretrained, crop, trained)
     if where["base_sha256"] != settings.get("base_sha256", where["base_sha256"]):
         raise CheckpointError(
             f"{path}: the base {base} holds other weights than the ones these adapters were "
@@ -297,9 +323,13 @@ def merge(adapters_dir: str | Path, out_dir: str | Path, overwrite: bool = False
     or for a Hugging Face base, a Hugging Face directory (with the base's tokenizer.json).
 
     ``out_dir`` is held as decoder.training.rundir describes: one holding a checkpoint is refused
-    unless ``overwrite``.
+    unless ``overwrite``; one that is, holds or lies in the base (or is, or holds, the
+    adapters' directory) is refused. A Hugging Face base keeps its own context (not the one a
+    fine-tune's ``block_size`` cropped it to).
     """
-    model, tokenizer, settings = load_adapted(adapters_dir)
+    settings, base, _ = _read_settings(Path(adapters_dir))
+    _refuse_overlap(out_dir, adapters_dir, base)
+    model, tokenizer, settings = load_adapted(adapters_dir, full_context=True)
     merge_lora(model)
     if "base_pretrained" in settings:
         base_dir = Path(settings["base_pretrained"])
@@ -317,4 +347,23 @@ def merge(adapters_dir: str | Path, out_dir: str | Path, overwrite: bool = False
             train_config=base.train_config,
             tokenizer=tokenizer.to_dict(),
             extra={"merged_adapters": str(Path(adapters_dir).resolve()), **settings},
+        )
+
+
+def _refuse_overlap(out_dir: str | Path, adapters_dir: str | Path, base: str | Path) -> None:
+    """Raise a ValueError when a merge's ``out_dir`` is, holds or lies inside the base, or is
+    or holds the adapters' directory (their own ``merged`` folder is where --merge writes):
+    claiming ``out_dir`` with --overwrite moves its files aside, inputs included."""
+    out = Path(out_dir).resolve()
+    for role, where, inside_ok in (("base", base, False), ("adapters", adapters_dir, True)):
+        where = Path(where).resolve()
+        if out == where or where.is_relative_to(out):
+            relation = "is" if out == where else "holds"
+        elif out.is_relative_to(where) and not inside_ok:
+            relation = "lies inside"
+        else:
+            continue
+        raise ValueError(
+            f"--out {out_dir} {relation} the {role} {where}: the merge would move the input "
+            f"aside (or write into it) before reading it; choose an --out outside {where}"
         )

@@ -16,7 +16,9 @@ matrix, it can be folded into W for inference (``merge``) and taken out again (`
 ``apply_lora`` wraps the layers named in ``targets`` anywhere in a model (by default W_Q and
 W_V, the paper's choice) and freezes everything else.
 
-Left out on purpose: adapters on Embedding layers, and quantised bases (QLoRA).
+Left out on purpose: adapters on Embedding layers, on a weight tied to another layer's (a
+tied output head: ``apply_lora`` refuses it, since merging would change the embedding too),
+and quantised bases (QLoRA).
 """
 
 from __future__ import annotations
@@ -261,6 +263,7 @@ def apply_lora(
             f"the model's Linear layers are named {sorted(linears)}"
         )
     _check_settings(r, alpha, dropout)
+    _refuse_tied(model, found)
     heads = {}
     for dotted, _, name, child in found:
         if per_head:
@@ -279,6 +282,23 @@ def apply_lora(
         parent._set_child(name, lora)
     wrapped = [dotted for dotted, *_ in found]
     return wrapped
+
+
+def _refuse_tied(model: Module, found: list[tuple[str, Module, str, Linear]]) -> None:
+    """Raise a ValueError for a target whose weight is tied to another layer's (a tied output
+    head is the token embedding matrix): merging its adapter would change both uses, so the
+    merged model would differ from the adapted one."""
+    names: dict[int, list[str]] = {}
+    for name, p in model._named_tensors_with_aliases():
+        names.setdefault(id(p), []).append(name)
+    for dotted, _, name, child in found:
+        others = [n for n in names.get(id(child.weight), []) if n != f"{dotted}.weight"]
+        if others:
+            raise ValueError(
+                f"apply_lora: {dotted}.weight is tied to {others[0]} (one matrix, two uses), "
+                f"so merging an adapter on {dotted} would change {others[0]} too: drop "
+                f"{name!r} from the targets, or start from a model with untied weights"
+            )
 
 
 def _adapter_parameters(model: Module) -> dict[str, Parameter]:

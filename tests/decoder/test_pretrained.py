@@ -427,7 +427,11 @@ LLAMA_CONFIG = {
     [
         ({"layer_types": ["chunked_attention"]}, r"layer_types \['chunked_attention'\]"),
         ({"layer_types": ["sliding_attention"]}, "sliding ones needing a window"),
-        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "RoPE scaling 'linear'"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "RoPE scaling 'dynamic'"),
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0}},
+            r"'llama3' sets \{'low_freq_factor': 2.0\}",
+        ),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "RoPE scaling 'yarn'"),
         ({"head_dim": 4}, "head_dim=4"),
         ({"attention_bias": True}, "attention_bias=True but mlp_bias=False"),
@@ -656,7 +660,7 @@ def test_generate_and_finetune_from_pretrained(llama_dir, tmp_path, capsys):
     assert finetune_cli.main(argv) == 0
     merged = out / "merged"
     assert (merged / "tokenizer.json").is_file()
-    assert json.loads((merged / "config.json").read_text())["max_position_embeddings"] == 32
+    assert json.loads((merged / "config.json").read_text())["max_position_embeddings"] == 64
     assert generate_cli.main(["--from-pretrained", str(merged), "--max-new-tokens", "3"]) == 0
     assert generate_cli.main(["--from-pretrained", str(tmp_path / "none")]) == 2
     assert "no such directory" in capsys.readouterr().err

@@ -10,14 +10,21 @@ diverged, 2 an error the user can fix, printed as one line, 130 interrupted afte
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
+import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from decoder.training.config import DEFAULT_PRESET, PRESETS
+from decoder.model.config import ModelConfig
+from decoder.text.data import NO_VERIFY
+from decoder.training.config import DEFAULT_PRESET, PRESETS, TrainConfig
 from decoder.training.step import TrainingDiverged
 from minigrad.backend import DEVICES
 
+MEMORY_FIX = "lower --batch_size, --block_size or --n_embd (the model's size)"
 LORA_DEFAULTS = {"alpha": 16.0, "targets": ["wq", "wv"]}  # sft and dpo with --lora-r
 
 
@@ -51,12 +58,29 @@ def list_presets() -> str:
     return "\n".join(lines)
 
 
+def settings_help() -> str:
+    """Every ``--key=value`` setting: each field of ModelConfig and TrainConfig with its default
+    and the comment beside it in the source, read from the dataclasses (so it cannot drift)."""
+    lines = ["settings, as --key=value (a preset sets some of them first: see --list-presets):"]
+    for cls in (ModelConfig, TrainConfig):
+        # the one-line reason after each field: `name: type = default  # reason`
+        notes = dict(re.findall(r"^ +(\w+): [^=\n]+=[^#\n]*# *(.*)$", inspect.getsource(cls), re.M))
+        lines.append(f"  {cls.__name__} ({cls.__module__}):")
+        for f in dataclasses.fields(cls):
+            default = f.default
+            if isinstance(default, str) and not default.isprintable():
+                default = repr(default)  # a newline shows as '\n'
+            lines.append(f"    --{f.name}={default}  {notes.get(f.name, '')}".rstrip())
+    return "\n".join(lines)
+
+
 def run_command(body: Callable[[], object]) -> int:
     """Run a command's body and return its exit code, the same for every trainer's command line.
 
     0 done; 1 the loss diverged (TrainingDiverged); 2 an error the user can fix, printed as one
     line (ValueError, OSError, RuntimeError, KeyError: CheckpointError, RunDirError, and
-    load_shakespeare offline are among them); 130 interrupted, after the loop saved.
+    load_shakespeare offline are among them; MemoryError past decoder.model.memory's check);
+    130 interrupted, after the loop saved.
     """
     try:
         body()
@@ -68,18 +92,42 @@ def run_command(body: Callable[[], object]) -> int:
     except (ValueError, OSError, RuntimeError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # NumPy's and CuPy's say how much they wanted
+        print(f"error: out of memory ({e}): {MEMORY_FIX}", file=sys.stderr)
+        return 2
     return 0
 
 
 def add_device(p: argparse.ArgumentParser, default: str) -> None:
     """Every command's ``--device``; left out, it is ``default`` (the device the run or
-    checkpoint was trained on) or the CPU, as decoder.training.config.device_or_cpu rules."""
+    checkpoint was trained on) or the CPU, as decoder.training.config.device_or_cpu rules.
+    With it comes ``--no-verify`` (every command loads or resumes a checkpoint)."""
     p.add_argument(
         "--device",
         default=None,
         choices=DEVICES,
         help=f"where to run (default: {default}, or the CPU with a note where CUDA cannot run)",
     )
+    add_no_verify(p)
+
+
+def add_no_verify(p: argparse.ArgumentParser) -> None:
+    """``--no-verify``: the loads of this process skip their SHA-256 checks."""
+    p.add_argument(
+        "--no-verify",
+        nargs=0,
+        action=_NoVerify,
+        help=f"skip the SHA-256 checks of the checkpoints, adapters, merged models and "
+        f"tokenizers it loads, for files too large to hash at every load (as {NO_VERIFY}=1)",
+    )
+
+
+class _NoVerify(argparse.Action):
+    """``--no-verify``: sets MINIGRAD_NO_VERIFY=1 for this process, which every load reads
+    (decoder.text.data.sha256_differs), so no command passes a flag down to its loads."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        os.environ[NO_VERIFY] = "1"
 
 
 # ---- the command line shared by decoder.sft and decoder.dpo -------------------------------------

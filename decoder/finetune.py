@@ -2,7 +2,7 @@
 merging the adapters back.
 
     python -m decoder.finetune --checkpoint runs/shakespeare-char --data my.txt \\
-        --lora-r 8 --lora-alpha 16 --targets wq,wv --max-iters 200 --out runs/my-lora
+        --lora-r 8 --lora-alpha 16 --targets wq,wv --max_iters=200 --out runs/my-lora
     python -m decoder.finetune merge --adapters runs/my-lora --out runs/my-merged
     python -m decoder.generate --checkpoint runs/my-merged
     python -m decoder.finetune --from-pretrained gpt2 --data my.txt --out runs/gpt2-lora --merge
@@ -69,7 +69,8 @@ def _command(argv: list[str]) -> None:
     p.add_argument("--lora-dropout", type=float, default=0.0)
     p.add_argument("--targets", default="wq,wv", help="comma-separated Linear names")
     p.add_argument("--per-head", action="store_true", help="one adapter per head")
-    p.add_argument("--max-iters", type=int, default=200)
+    # --max_iters=200, as train, sft and dpo spell their settings; --max-iters 200 works too
+    p.add_argument("--max_iters", "--max-iters", type=int, default=200, help="optimiser steps")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1337)
     add_device(p, "the base checkpoint's device; the CPU for --from-pretrained")

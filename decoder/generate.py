@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from decoder.cli import add_device
-from decoder.hf.pretrained import load_pretrained
+from decoder.hf.pretrained import CONFIG, load_pretrained
+from decoder.post.lora import MERGED, SETTINGS
 from decoder.text.stream import default_prompt, print_sample
-from decoder.training.checkpoint import CheckpointError, load_model
+from decoder.training.checkpoint import LATEST, STATE, CheckpointError, load_model
 
 
 def parser() -> argparse.ArgumentParser:
@@ -85,7 +87,8 @@ def add_sampling(p: argparse.ArgumentParser, max_new_tokens: int = 500) -> None:
         "--length-penalty",
         type=float,
         default=1.0,
-        help="beam search ranks by log-probability / length ** this (> 0 favours longer)",
+        help="beam search ranks by log-probability / length ** this (> 0 favours longer; "
+        "-10 to 10)",
     )
 
 
@@ -109,6 +112,29 @@ def sampling(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, 
     )
 
 
+def check_checkpoint_dir(path: Path) -> None:
+    """Refuse, with what to run instead, a --checkpoint that is a fine-tune's adapters or a
+    Hugging Face model directory rather than a run (or one of its checkpoints)."""
+    if (path / LATEST).exists() or (path / STATE).exists():
+        return
+    if (path / SETTINGS).is_file():
+        merged = path / MERGED
+        instead = (
+            f"sample the merged model with --checkpoint {merged}"
+            if (merged / LATEST).exists()
+            else f"merge them first (python -m decoder.finetune merge --adapters {path} "
+            f"--out DIR) and sample --checkpoint DIR"
+        )
+        if (merged / CONFIG).is_file():
+            instead = f"sample the merged model with --from-pretrained {merged}"
+        raise CheckpointError(f"{path} holds LoRA adapters, not a checkpoint: {instead}")
+    if (path / CONFIG).is_file():
+        raise CheckpointError(
+            f"{path} is a Hugging Face model directory ({CONFIG}), not one of our "
+            f"checkpoints: sample it with --from-pretrained {path}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the process exit code."""
     p = parser()
@@ -122,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.from_pretrained, device=args.device or "cpu", block_size=args.block_size
             )
         else:
+            check_checkpoint_dir(Path(args.checkpoint))
             model, tokenizer, _ = load_model(args.checkpoint, device=args.device)
         prompt = default_prompt(tokenizer) if args.prompt is None else args.prompt
         print_sample(model, tokenizer, prompt, args.max_new_tokens, **settings, stop=args.stop)

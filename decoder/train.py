@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decoder.cli import add_device, list_presets, parse_overrides, run_command
+from decoder.cli import add_device, list_presets, parse_overrides, run_command, settings_help
 from decoder.text.data import load_shakespeare, load_text
 from decoder.training.config import DEFAULT_PRESET, build_configs, device_or_cpu
 from decoder.training.loop import train
@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Train a decoder-only transformer. Any field of ModelConfig or TrainConfig "
         "(decoder/model/config.py, decoder/training/config.py) can be set as --key=value, "
         "e.g. --n_layer=6 --lr=3e-4.",
+        epilog=settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--preset", default=None, help=f"a named config (default {DEFAULT_PRESET})")
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")

@@ -1,4 +1,5 @@
-"""Writing files so that a reader, a crash or a full disk never leaves half of one.
+"""Writing files so that a reader, a crash or a full disk never leaves half of one; and
+reading JSON with a bound on its nesting.
 
 ``atomic_write(path)`` opens a temporary file beside ``path``; when the ``with`` block ends
 without an error, the bytes are flushed to disk (fsync), the temporary file is renamed over
@@ -15,18 +16,25 @@ JSON, tokenizers, the token cache, downloads and the loss plot. Follows the reci
 LWN's "Ensuring data reaches disk". Left out on purpose: appending (a log grows by
 ``open(path, "a")``; its torn last line is the reader's to handle) and Windows' folder fsync
 (the OS has no such call, so it is skipped there).
+
+``parse_json`` is the one JSON reader for every file this project parses (checkpoints,
+safetensors headers, tokenizers, Hugging Face configs): it raises ValueError, never
+``json``'s RecursionError, for a document nested deeper than ``MAX_JSON_DEPTH``, so that the
+code walking the result may recurse.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import IO
+from typing import IO, Any
 
 _TEMP_SUFFIX = ".tmp"
+MAX_JSON_DEPTH = 100  # our files nest 6 deep at most; json itself dies near 1000
 
 
 @contextmanager
@@ -89,3 +97,36 @@ def fsync_dir(folder: str | os.PathLike) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def parse_json(
+    data: str | bytes, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None
+) -> Any:
+    """``json.loads(data)``, raising ValueError for text that is not UTF-8 JSON and for a
+    document nested deeper than MAX_JSON_DEPTH (checked without recursion).
+
+    >>> parse_json(b'{"a": [1, 2]}')
+    {'a': [1, 2]}
+    >>> parse_json("[" * 5000 + "]" * 5000)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: nested more than 100 deep (...)
+    """
+    limit = f"nested more than {MAX_JSON_DEPTH} deep (no file of ours nests so: damaged or hostile)"
+    try:
+        root = json.loads(data, object_pairs_hook=object_pairs_hook)
+    except RecursionError:  # json's own C parser gives up near the interpreter's limit
+        raise ValueError(limit) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"not valid JSON ({e})") from None
+    level = [root]  # breadth first, one level per pass: a comprehension, fast on big files
+    for _ in range(MAX_JSON_DEPTH):
+        level = [
+            c
+            for node in level
+            for c in (node.values() if type(node) is dict else node if type(node) is list else ())
+            if type(c) is dict or type(c) is list
+        ]
+        if not level:
+            return root
+    raise ValueError(limit)

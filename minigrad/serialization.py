@@ -38,7 +38,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from minigrad.backend import to_numpy
-from minigrad.fileio import atomic_write
+from minigrad.fileio import atomic_write, parse_json
 
 # safetensors' dtype names, and NumPy's little-endian dtype for each
 DTYPES = {
@@ -237,11 +237,11 @@ def _read_header(
     if 8 + n > size:
         raise corrupt(f"the header claims {n} bytes but the file has only {size - 8} more")
     try:
-        header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_duplicates)
+        header = parse_json(f.read(n), object_pairs_hook=_no_duplicates)
     except _DuplicateName as e:
         raise corrupt(f"the header names {e.args[0]!r} twice") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise corrupt(f"the header is not valid JSON ({e})") from None
+    except ValueError as e:  # not JSON, or nested too deep
+        raise corrupt(f"the header is {e}") from None
     if not isinstance(header, dict):
         raise corrupt("the header is not a JSON object")
     metadata = header.pop(METADATA_KEY, None) or {}
@@ -380,4 +380,4 @@ def load_tree(path: str | os.PathLike) -> Any:
             return [fill(v) for v in node]
         return node
 
-    return fill(json.loads(metadata[_TREE_KEY]))
+    return fill(parse_json(metadata[_TREE_KEY]))

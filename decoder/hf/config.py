@@ -94,11 +94,16 @@ class _Fields:
         value = self.hf.get(name)
         return default if value is None else value
 
-    def need(self, name: str) -> Any:
-        """A field the model's shape needs: no default."""
+    def need(self, name: str) -> int:
+        """A size the model's shape needs: a positive integer, no default."""
         value = self.get(name)
         if value is None:
             raise PretrainedError(f"config.json lacks {name}, which the model's shape needs")
+        if type(value) is not int or value < 1:
+            raise PretrainedError(
+                f"config.json sets {name}={value!r}, but a size is a whole number >= 1 "
+                f"(written without quotes); the file was edited or damaged"
+            )
         return value
 
     def require(self, name: str, allowed: tuple, default: Any = None, why: str = "") -> Any:

@@ -21,11 +21,13 @@ Loading takes three explicit steps, each refusing what it cannot honour by name:
    ``Decoder`` first peaks at twice its weights: its random init draws float64 normals.
 
 ``save_pretrained`` writes the same layout back for a model the format can express, so
-``transformers`` loads it. ``resolve_source`` turns a hub name (``gpt2``) into a directory
-through ``huggingface_hub`` (the optional extra ``hub``), with an offline error that says
-what to download and where. The tokenizer comes with the model (``load_pretrained``):
-tiktoken's ``gpt2`` for GPT-2, the ``tokenizer.json`` beside the weights for the Llama
-family (decoder/hf/tokenizer.py).
+``transformers`` loads it, with a ``tokenizer.json`` for a character tokenizer or one read
+from a file (decoder/hf/export.py; a bias-free GPT-2 layout is written with zero biases).
+``resolve_source`` turns a hub name (``gpt2``) into a directory through ``huggingface_hub``
+(the optional extra ``hub``), with an offline error that says what to download and where.
+The tokenizer comes with the model (``load_pretrained``): a character tokenizer.json written
+here, else tiktoken's ``gpt2`` for GPT-2, the ``tokenizer.json`` beside the weights for the
+Llama family (decoder/hf/tokenizer.py).
 
 Sliding windows (Mistral's, Qwen2's) are translated with the config (decoder/hf/config.py).
 Left out on purpose: RoPE scaling (linear, NTK, YaRN, Llama 3's), quantised weights, and the
@@ -47,16 +49,25 @@ from typing import Any
 import numpy as np
 
 from decoder.hf.config import PretrainedError, config_from_hf, config_to_hf
+from decoder.hf.export import (
+    char_tokenizer_json,
+    check_exportable,
+    read_char_tokenizer,
+    with_zero_biases,
+)
 from decoder.hf.tokenizer import HFTokenizer
+from decoder.model.memory import check_memory, memory_floor
 from decoder.model.model import Decoder, build_model
-from decoder.text.tokenizer import TiktokenTokenizer
+from decoder.text.data import changed_since, sha256_differs, sha256_file
+from decoder.text.tokenizer import CharTokenizer, TiktokenTokenizer
 from minigrad.backend import to_numpy
-from minigrad.fileio import atomic_write
+from minigrad.fileio import atomic_write, parse_json
 from minigrad.serialization import SafetensorsFile, open_safetensors, save_safetensors
 
 CONFIG, WEIGHTS, INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
 TOKENIZER_JSON = "tokenizer.json"
 HF_FILES = (CONFIG, WEIGHTS, TOKENIZER_JSON)  # what save_pretrained (and a merge) writes
+CHECKSUMS = "sha256.json"  # a merge's record of those files' SHA-256, checked on loading
 HUB_FILES = [CONFIG, WEIGHTS, INDEX, "model-*.safetensors", TOKENIZER_JSON]
 # Buffers some checkpoints carry that are functions of the config, not weights:
 # GPT-2's causal mask ("h.0.attn.bias", "h.0.attn.masked_bias") and Llama's RoPE frequencies.
@@ -198,12 +209,41 @@ def read_config(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise PretrainedError(f"{directory}: no {CONFIG}; is this a Hugging Face model directory?")
     try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PretrainedError(f"{path}: not valid JSON ({e})") from None
+        hf = parse_json(path.read_bytes())
+    except ValueError as e:  # not JSON, or nested too deep
+        raise PretrainedError(f"{path}: {e}") from None
     if not isinstance(hf, dict):
         raise PretrainedError(f"{path}: not a JSON object")
     return hf
+
+
+def write_checksums(directory: Path) -> None:
+    """Record the SHA-256 of the directory's HF_FILES in CHECKSUMS (decoder.post.lora's merge
+    does: the merged weights stay tied to the tokenizer they were trained with)."""
+    record = {n: sha256_file(directory / n) for n in HF_FILES if (directory / n).is_file()}
+    with atomic_write(directory / CHECKSUMS, text=True) as f:
+        json.dump(record, f, indent=1)
+
+
+def check_checksums(directory: Path) -> None:
+    """Raise PretrainedError for a file that CHECKSUMS records (if the directory has one) and
+    that changed since; MINIGRAD_NO_VERIFY=1 skips it (decoder.text.data.sha256_differs)."""
+    path = directory / CHECKSUMS
+    if not path.is_file():
+        return
+    try:
+        record = parse_json(path.read_bytes())
+    except ValueError as e:  # not JSON, or nested too deep
+        raise PretrainedError(f"{path}: {e}") from None
+    if not isinstance(record, dict):
+        raise PretrainedError(f"{path}: a {type(record).__name__}, not file name -> SHA-256")
+    for name, recorded in record.items():
+        if name in HF_FILES and not (directory / name).is_file():
+            raise PretrainedError(f"{directory / name}: missing, though {CHECKSUMS} lists it")
+        if name in HF_FILES and sha256_differs(directory / name, recorded):
+            raise PretrainedError(
+                f"{directory / name}: {changed_since(path)}; put it back or merge again"
+            )
 
 
 def weight_files(directory: Path) -> dict[str, list[str]]:
@@ -218,9 +258,16 @@ def weight_files(directory: Path) -> dict[str, list[str]]:
     if not index.is_file():
         raise PretrainedError(f"{directory}: neither {WEIGHTS} nor {INDEX}")
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        weight_map = parse_json(index.read_bytes())["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
         raise PretrainedError(f"{index}: not a safetensors index with a weight_map ({e})") from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise PretrainedError(
+            f"{index}: its weight_map is a {type(weight_map).__name__}, not an object mapping "
+            f"each tensor name to its shard's file name; download the index again"
+        )
     shards: dict[str, list[str]] = {}
     for name, shard in weight_map.items():
         shards.setdefault(shard, []).append(name)
@@ -315,6 +362,7 @@ def from_pretrained(
     RoPE tables and KV caches are sized by it, which for a 32k-token model is gigabytes.
     """
     directory = resolve_source(source)
+    check_checksums(directory)  # a merged model's files, its tokenizer among them
     config, family = config_from_hf(read_config(directory))
     if block_size is not None:
         if not 1 <= block_size <= config.block_size:
@@ -325,6 +373,12 @@ def from_pretrained(
         config = dataclasses.replace(config, block_size=block_size)
     if config.tie_weights and _head_of_its_own(directory, family):
         config = dataclasses.replace(config, tie_weights=False)  # as transformers: the file's
+    fixes = {
+        "block_size": f"crop its context of {config.block_size} positions with --block-size "
+        f"(block_size= from Python)",
+        "n_embd": "the model is too large for this machine",
+    }
+    check_memory(memory_floor(config, itemsize=4), "cpu", fixes)  # built on the CPU first
     model = build_model(config)
     load_weights(model, directory, family)
     model.to(device)
@@ -338,7 +392,11 @@ def load_pretrained(
     """The model and its tokenizer, as decoder.generate and decoder.post.lora use them."""
     directory = resolve_source(source)
     model = from_pretrained(directory, device, block_size)
-    if model.config.pos == "learned":  # GPT-2's byte-level BPE is tiktoken's gpt2 encoding
+    path = directory / TOKENIZER_JSON
+    chars = read_char_tokenizer(path) if path.is_file() else None
+    if chars is not None:  # a character model saved here (decoder.hf.export)
+        tokenizer = chars
+    elif model.config.pos == "learned":  # GPT-2's byte-level BPE is tiktoken's gpt2 encoding
         try:
             tokenizer = TiktokenTokenizer("gpt2")
         except RuntimeError as e:  # offline: the message says what to download, and where
@@ -354,16 +412,21 @@ def load_pretrained(
 
 
 # ---- writing ---------------------------------------------------------------------------------
-def save_pretrained(model: Decoder, directory: str | os.PathLike) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (float32) so that ``transformers``
-    loads the model; refuse (PretrainedError) a model the format cannot express."""
-    hf, family = config_to_hf(model.config)
-    params = dict(model.named_parameters())
-    mapping = name_map(list(params), family, model.config.n_layer)
+def save_pretrained(model: Decoder, directory: str | os.PathLike, tokenizer: Any = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (float32), and the ``tokenizer.json`` of
+    ``tokenizer`` where one is given, so that ``transformers`` loads the model; refuse
+    (PretrainedError) a model the format cannot express, naming the field (decoder.hf.export
+    says what is written for a model without biases and for a character tokenizer)."""
+    check_exportable(model.config)
+    params = {n: to_numpy(p.data).astype(np.float32) for n, p in model.named_parameters()}
+    config, params = with_zero_biases(model.config, params)
+    hf, family = config_to_hf(config)
+    tokenizer_json = _tokenizer_json(tokenizer, family)  # refused before anything is written
+    mapping = name_map(list(params), family, config.n_layer)
     prefix = GPT2_PREFIX if family == "gpt2" else ""
     pieces: dict[str, list] = {}  # their name -> the parts of it, in order
     for ours, (theirs, layout) in mapping.items():
-        array = to_numpy(params[ours].data).astype(np.float32)
+        array = params[ours]
         name = theirs if theirs == "lm_head.weight" else prefix + theirs
         if layout == CONV1D or (isinstance(layout, tuple) and array.ndim == 2):
             array = array.T  # our (out, in) -> Conv1D's (in, out)
@@ -377,4 +440,23 @@ def save_pretrained(model: Decoder, directory: str | os.PathLike) -> Path:
     save_safetensors(directory / WEIGHTS, arrays, {"format": "pt"})  # transformers wants "pt"
     with atomic_write(directory / CONFIG, text=True) as f:
         json.dump({**hf, "dtype": "float32"}, f, indent=2)
+    if tokenizer_json is not None:
+        with atomic_write(directory / TOKENIZER_JSON, text=True) as f:
+            f.write(tokenizer_json)
     return directory
+
+
+def _tokenizer_json(tokenizer: Any, family: str) -> str | None:
+    """The text of ``tokenizer``'s tokenizer.json, or None where the model needs none (no
+    tokenizer given, or tiktoken's gpt2 beside a GPT-2, which load_pretrained uses)."""
+    if tokenizer is None or (family == "gpt2" and isinstance(tokenizer, TiktokenTokenizer)):
+        return None
+    if isinstance(tokenizer, CharTokenizer):
+        return json.dumps(char_tokenizer_json(tokenizer), ensure_ascii=False, indent=2)
+    if isinstance(tokenizer, HFTokenizer):  # read from a tokenizer.json: that file, as it is
+        return Path(tokenizer.path).read_text(encoding="utf-8")
+    kind = tokenizer.to_dict().get("type", type(tokenizer).__name__)
+    raise PretrainedError(
+        f"a {kind!r} tokenizer has no tokenizer.json writer here (characters and files read "
+        f"from a tokenizer.json have): save the model with tokenizer=None"
+    )

@@ -20,7 +20,6 @@ Follows the ``tokenizers`` library's BPE model and GPT-2's ``encoder.py``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from typing import Any
 import tiktoken
 
 from decoder.text.bpe import GPT2_SPLIT_PATTERN, split_text
+from minigrad.fileio import parse_json
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -80,37 +80,30 @@ class HFTokenizer:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                spec = json.load(f)
-        except FileNotFoundError:
-            raise ValueError(
-                f"{self.path}: missing; a Llama-family model needs the tokenizer.json of its "
-                f"hub repository beside its weights"
-            ) from None
-        model = spec.get("model") or {}
-        if model.get("type") != "BPE":
-            raise ValueError(f"{self.path}: a {model.get('type')!r} model; only BPE is read here")
+        spec, model, self.special = _read_spec(self.path)
         self.vocab: dict[str, int] = model["vocab"]
-        merges = [  # "a b" strings in older files, [a, b] lists in newer ones
-            tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]
-        ]
+        merges = _merges(model.get("merges"), self.path)
         self.ranks = {pair: rank for rank, pair in enumerate(merges)}
-        self.special = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
         self.id_to_token = {i: t for t, i in self.vocab.items()} | {
             i: t for t, i in self.special.items()
         }
         self.byte_fallback = bool(model.get("byte_fallback"))
         self.unk = self.vocab.get(model.get("unk_token") or "")
-        steps = _steps(spec)
-        self.byte_level = "ByteLevel" in steps
-        if self.byte_level:
-            self.pattern = _split_pattern(spec, self.path)
-            self.encoding = self._as_tiktoken(merges)
-        elif "Replace" in steps or "Metaspace" in steps:
-            self.prepend = _prepend_scheme(spec)
-            self.encoding = None
-        else:
+        try:  # the steps' fields are read as the tokenizers library writes them
+            steps = _steps(spec)
+            self.byte_level = "ByteLevel" in steps
+            if self.byte_level:
+                self.pattern = _split_pattern(spec, self.path)
+                self.encoding = self._as_tiktoken(merges)
+            elif "Replace" in steps or "Metaspace" in steps:
+                self.prepend = _prepend_scheme(spec)
+                self.encoding = None
+        except (AttributeError, TypeError, KeyError) as e:
+            raise ValueError(
+                f"{self.path}: its normalizer, pre_tokenizer or decoder is not in the format of "
+                f"Hugging Face's tokenizers ({type(e).__name__}: {e}); download the file again"
+            ) from None
+        if not (self.byte_level or "Replace" in steps or "Metaspace" in steps):
             raise ValueError(
                 f"{self.path}: neither byte-level nor SentencePiece-style BPE (its steps are "
                 f"{sorted(steps)}); this reader knows those two"
@@ -207,6 +200,73 @@ class HFTokenizer:
         if not self.byte_level and self.prepend != "never" and text.startswith(" "):
             text = text[1:]  # the space put in front when encoding
         return text
+
+
+def _read_spec(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+    """The file's whole spec, its ``model`` (checked to be a BPE model whose vocabulary maps
+    tokens to ids) and its added tokens as token -> id."""
+    fix = "download the model's tokenizer.json again"
+    try:
+        with open(path, "rb") as f:
+            spec = parse_json(f.read())
+    except FileNotFoundError:
+        raise ValueError(
+            f"{path}: missing; a Llama-family model needs the tokenizer.json of its "
+            f"hub repository beside its weights"
+        ) from None
+    except ValueError as e:  # not JSON, or nested too deep
+        raise ValueError(f"{path}: {e}; {fix}") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+        found = type(spec.get("model") if isinstance(spec, dict) else spec).__name__
+        raise ValueError(f"{path}: its model is a JSON {found}, not a tokenizer object; {fix}")
+    model = spec["model"]
+    if model.get("type") != "BPE":
+        raise ValueError(f"{path}: a {model.get('type')!r} model; only BPE is read here")
+    for where, table in (("model.vocab", model.get("vocab")), ("added_tokens", _added(spec))):
+        bad = _not_ids(table)
+        if bad is not None:
+            raise ValueError(f"{path}: {where} {bad}: each token needs an integer id >= 0; {fix}")
+    return spec, model, _added(spec)
+
+
+def _added(spec: dict[str, Any]) -> Any:
+    """``added_tokens`` as token -> id, or the malformed value itself."""
+    added = spec.get("added_tokens", [])
+    if isinstance(added, list) and all(isinstance(t, dict) and "content" in t for t in added):
+        return {t["content"]: t.get("id") for t in added if isinstance(t["content"], str)}
+    return added
+
+
+def _not_ids(table: Any) -> str | None:
+    """What is wrong with a token -> id table, or None when nothing is.
+
+    >>> _not_ids({"a": 0, "b": "1"}), _not_ids(["a"]), _not_ids({"a": 0})
+    ("maps 'b' to '1'", 'is a list, not an object of token -> id', None)
+    """
+    if not isinstance(table, dict):
+        return f"is a {type(table).__name__}, not an object of token -> id"
+    for token, i in table.items():
+        if type(i) is not int or i < 0:
+            return f"maps {token!r} to {i!r}"
+    return None
+
+
+def _merges(merges: Any, path: str) -> list[tuple[str, str]]:
+    """The ranked merges: "a b" strings in older files, [a, b] lists in newer ones."""
+    if not isinstance(merges, list):
+        merges = [merges]  # reported below as the first merge
+    pairs = []
+    for rank, m in enumerate(merges):
+        pair = tuple(m.split(" ", 1)) if isinstance(m, str) else m
+        if not (isinstance(pair, list | tuple) and len(pair) == 2):
+            pair = None
+        if pair is None or not all(isinstance(s, str) for s in pair):
+            raise ValueError(
+                f'{path}: model.merges[{rank}] is {m!r}; a merge is "a b" or ["a", "b"] '
+                f"(a list of them); download the model's tokenizer.json again"
+            )
+        pairs.append(tuple(pair))
+    return pairs
 
 
 def _steps(spec: dict[str, Any]) -> set[str]:

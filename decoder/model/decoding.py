@@ -40,6 +40,9 @@ from minigrad.autograd import no_grad
 from minigrad.backend import to_numpy
 from minigrad.nn import Module
 
+# |length_penalty| at most this: 10 already ranks by length alone, and length ** 1e300 overflows
+MAX_LENGTH_PENALTY = 10.0
+
 if TYPE_CHECKING:  # annotations only: decoder.model.model imports this module
     from decoder.model.model import Decoder
 
@@ -213,8 +216,11 @@ def beam_search(
     """
     if int(beam_width) != beam_width or beam_width < 1:
         raise ValueError(f"beam_width must be a positive integer, got {beam_width}")
-    if not np.isfinite(length_penalty):
-        raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
+    if not abs(length_penalty) <= MAX_LENGTH_PENALTY:  # NaN fails this too
+        raise ValueError(
+            f"length_penalty={length_penalty}: choose between -{MAX_LENGTH_PENALTY:g} and "
+            f"{MAX_LENGTH_PENALTY:g} (1.0 is the usual; above 0 favours longer continuations)"
+        )
     _check_prompt(model, prompt, max_new_tokens)
     stream = _Stream(model, batch_size=1)
     beams, scores = [list(prompt)], np.zeros(1)  # summed log-probabilities of the new tokens

@@ -6,13 +6,16 @@ Fine-tuning freezes the base model, wraps the target projections in LoRA adapter
 prints the validation loss on the new text before (the base model: LoRA's B starts at
 zero) and after, and saves only the adapters: ``adapters.safetensors`` and ``lora.json``
 (the LoRA settings, the losses, the path of the base checkpoint and the sha256 of its
-weights), a few kilobytes where the base is megabytes. Loading adapters refuses a base whose
-weights changed since, and names the base run's newer checkpoint when training that run
-further removed the one they were trained on (a run keeps only its newest): copy a base
-checkpoint elsewhere to keep it. ``--merge`` (or the ``merge`` command) folds the adapters into
-the base weights and writes a full checkpoint that decoder.generate reads like any other;
+weights, of its tokenizer.json and of the adapters' file), a few kilobytes where the base is
+megabytes. Loading adapters refuses a base whose weights or tokenizer changed since (and
+adapters changed since they were saved), and names the base run's newer checkpoint when
+training that run further removed the one they were trained on (a run keeps only its
+newest): copy a base checkpoint elsewhere to keep it. ``--merge`` (or the ``merge``
+command) folds the adapters into the base weights and writes a full checkpoint that
+decoder.generate reads like any other;
 for a Hugging Face base (``--from-pretrained``), a Hugging Face directory, to share, with the
-base's whole context (``--block-size`` crops it for training only). A merge refuses an output
+base's whole context (``--block-size`` crops it for training only) and a ``sha256.json`` of its
+files that loading checks (decoder.hf.pretrained.check_checksums). A merge refuses an output
 directory that is, holds or lies in its inputs.
 
 The new text must be written in the base tokenizer's vocabulary: a character-level model
@@ -43,14 +46,16 @@ import numpy as np
 
 import minigrad as mg
 from decoder.hf.pretrained import (
+    CHECKSUMS,
     CONFIG,
     HF_FILES,
     TOKENIZER_JSON,
     load_pretrained,
     resolve_source,
     save_pretrained,
+    write_checksums,
 )
-from decoder.text.data import TokenDataset
+from decoder.text.data import TokenDataset, changed_since, sha256_differs, sha256_file
 from decoder.training.checkpoint import (
     CHECKPOINT_FILES,
     LATEST,
@@ -67,7 +72,7 @@ from decoder.training.rundir import claim_dir
 from decoder.training.step import estimate_loss, train_step
 from minigrad.backend import to_numpy
 from minigrad.cpu_tuning import reuse_freed_memory
-from minigrad.fileio import atomic_write
+from minigrad.fileio import atomic_write, parse_json
 from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
 from minigrad.optim import AdamW, set_lr
 from minigrad.serialization import load_safetensors, save_safetensors
@@ -127,7 +132,9 @@ def finetune(
     """
     reuse_freed_memory()  # as decoder.training.loop: keep the pages each step frees
     say = print if progress else (lambda *a, **k: None)
-    claim = claim_dir(out_dir, (ADAPTERS, SETTINGS, MERGED), SETTINGS, overwrite=overwrite)
+    claim = claim_dir(
+        out_dir, (ADAPTERS, SETTINGS, MERGED), SETTINGS, overwrite=overwrite, resumable=False
+    )
     with claim as out_dir:
         model, tokenizer, base_cfg, base = _load_base(checkpoint, device, pretrained, block_size)
         cfg = _finetune_config(base_cfg, model.device, lr, max_iters, seed)
@@ -154,6 +161,7 @@ def finetune(
             "seed": seed,
             "val_loss_before": before,
             "val_loss_after": after,
+            "sha256": {ADAPTERS: sha256_file(out_dir / ADAPTERS)},  # checked on load
         }
         with atomic_write(out_dir / SETTINGS, text=True) as f:  # last: the manifest
             json.dump(settings, f, indent=1)
@@ -208,11 +216,19 @@ def _load_base(
         model, tokenizer = load_pretrained(source, device=device or "cpu", block_size=block_size)
         where = str(resolve_source(source).resolve())  # a hub name: its cache directory
         trained = trained_block_size or model.config.block_size
-        base = {"base_pretrained": where, "block_size": trained}
+        base = {"base_pretrained": where, "block_size": trained, **_tokenizer_sha256(where)}
         return model, tokenizer, TrainConfig(), {**base, "base_sha256": _digest(model, trained)}
     model, tokenizer, ckpt = load_model(source, device=device)
     where = {"base_checkpoint": str(ckpt.path.resolve()), "base_step": ckpt.step}
+    where |= _tokenizer_sha256(ckpt.path)
     return model, tokenizer, ckpt.train_config, {**where, "base_sha256": _digest(model)}
+
+
+def _tokenizer_sha256(base_dir: str | Path) -> dict[str, str]:
+    """lora.json's record of the base's tokenizer.json, which the adapters learned to read
+    (none for a Hugging Face GPT-2: tiktoken's gpt2 encoding, fixed by its name)."""
+    path = Path(base_dir) / TOKENIZER_JSON
+    return {"tokenizer_sha256": sha256_file(path)} if path.is_file() else {}
 
 
 def _digest(model: Any, rows: int | None = None) -> str:
@@ -270,9 +286,9 @@ def _read_settings(adapters_dir: Path) -> tuple[dict[str, Any], str, bool]:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; is {adapters_dir} the --out of a fine-tune?")
     try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+        settings = parse_json(path.read_bytes())
+    except ValueError as e:  # not JSON, or nested too deep
+        raise CheckpointError(f"{path}: {e}") from e
     pretrained = "base_pretrained" in settings
     return settings, settings["base_pretrained" if pretrained else "base_checkpoint"], pretrained
 
@@ -313,6 +329,14 @@ def load_adapted(
         load_lora_state_dict(model, arrays)
     except (OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{adapters_dir / ADAPTERS}: {e}") from e
+    recorded = settings.get("sha256") if isinstance(settings.get("sha256"), dict) else {}
+    base_dir = Path(where.get("base_pretrained") or where["base_checkpoint"])
+    for file, want in (
+        (adapters_dir / ADAPTERS, recorded.get(ADAPTERS)),
+        (base_dir / TOKENIZER_JSON, settings.get("tokenizer_sha256")),
+    ):
+        if sha256_differs(file, want):
+            raise CheckpointError(f"{file}: {changed_since(path)}; put it back or fine-tune again")
     model.to(device)
     model.eval()
     return model, tokenizer, settings
@@ -333,12 +357,17 @@ def merge(adapters_dir: str | Path, out_dir: str | Path, overwrite: bool = False
     merge_lora(model)
     if "base_pretrained" in settings:
         base_dir = Path(settings["base_pretrained"])
-        with claim_dir(out_dir, HF_FILES, CONFIG, overwrite=overwrite) as out_dir:
+        hf_files = (*HF_FILES, CHECKSUMS)
+        with claim_dir(out_dir, hf_files, CONFIG, overwrite=overwrite, resumable=False) as out_dir:
             if (base_dir / TOKENIZER_JSON).is_file():
                 shutil.copyfile(base_dir / TOKENIZER_JSON, out_dir / TOKENIZER_JSON)
-            return save_pretrained(model, out_dir)
+            saved = save_pretrained(model, out_dir)
+            write_checksums(out_dir)  # ties the merged weights to their tokenizer
+            return saved
     base = load_checkpoint(settings["base_checkpoint"], with_optimizer=False)
-    with claim_dir(out_dir, CHECKPOINT_FILES, LATEST, overwrite=overwrite) as out_dir:
+    with claim_dir(
+        out_dir, CHECKPOINT_FILES, LATEST, overwrite=overwrite, resumable=False
+    ) as out_dir:
         return save_checkpoint(
             out_dir,
             step=base.step,

@@ -33,7 +33,7 @@ from typing import Any
 import tiktoken
 
 from decoder.text.rust_regex import to_python_pattern
-from minigrad.fileio import atomic_write
+from minigrad.fileio import atomic_write, parse_json
 
 # tiktoken's split patterns, in its Rust regex syntax (tiktoken_ext/openai_public.py).
 # GPT-2: contractions, optional space + letters / numbers / other symbols, whitespace runs.
@@ -317,5 +317,5 @@ class BPETokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> BPETokenizer:
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        with open(path, "rb") as f:
+            return cls.from_dict(parse_json(f.read()))  # ValueError for bad or too deep JSON

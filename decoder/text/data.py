@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from decoder.text.tokenizer import Tokenizer
-from minigrad.fileio import atomic_write
+from minigrad.fileio import atomic_write, parse_json
 
 SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -85,6 +85,34 @@ def sha256_file(path: str | os.PathLike) -> str:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+NO_VERIFY = "MINIGRAD_NO_VERIFY"  # =1: loads skip the SHA-256 checks (every command's --no-verify)
+
+
+def sha256_differs(path: str | os.PathLike, recorded: str | None) -> bool:
+    """Whether the file ``path`` no longer has the SHA-256 ``recorded`` when it was saved
+    (a checkpoint's files, an adapter folder's, a merged model's, and the tokenizer each was
+    trained with). False without a record (files saved before the records) and when
+    MINIGRAD_NO_VERIFY=1 skips the checks: hashing files of many gigabytes at every load.
+
+    >>> import tempfile; path = Path(tempfile.mkdtemp()) / "f"; _ = path.write_text("a")
+    >>> sha256_differs(path, sha256_file(path)), sha256_differs(path, "0" * 64)
+    (False, True)
+    """
+    if recorded is None or os.environ.get(NO_VERIFY) == "1":
+        return False
+    return sha256_file(path) != recorded
+
+
+def changed_since(record: str) -> str:
+    """What a file whose SHA-256 changed is told (a checkpoint's, an adapter folder's, a
+    merged model's), with the switch for files too large to hash at every load."""
+    return (
+        f"its SHA-256 is not the one recorded in {record} when it was saved: the file was "
+        f"changed or corrupted since (--no-verify, or MINIGRAD_NO_VERIFY=1, skips this check "
+        f"for files too large to hash at every load)"
+    )
 
 
 def _has_checksum(path: Path, sha256: str) -> bool:
@@ -191,7 +219,7 @@ def read_cache_record(path: Path, key: str) -> tuple[int | None, str]:
     if not path.exists() and not record_path.exists():
         return None, ""
     try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
+        record = parse_json(record_path.read_bytes())
         count, sha256 = record["count"], record["sha256"]
         if record["key"] != key:
             return None, f"its record {record_path.name} is for other contents"

@@ -82,6 +82,22 @@ def _decode_whole(tokenizer: Any, ids: list[int]) -> str | None:
     return None if text.endswith(REPLACEMENT) else text
 
 
+def _encode(tokenizer: Any, text: str, option: str) -> list[int]:
+    """``tokenizer.encode(text)``, its error naming the option the text came from; a special
+    token written in the text (a chat marker) gets the command that places it."""
+    try:
+        return tokenizer.encode(text)
+    except ValueError as e:
+        markers = [m for m in getattr(tokenizer, "special_tokens", {}) if m in text]
+        hint = ""
+        if markers:  # subtle: text never turns into a special token (decoder.post.chat)
+            hint = (
+                f"; {', '.join(markers)} are special tokens, which text never turns into: "
+                f"for the chat template, talk to the run with python -m decoder.chat"
+            )
+        raise ValueError(f"{option}: {e}{hint}") from None
+
+
 def print_sample(
     model: Any,
     tokenizer: Any,
@@ -104,7 +120,7 @@ def print_sample(
     encode, and ValueError for an empty prompt or a stop text that is not one token.
     """
     out = out or sys.stdout
-    ids = tokenizer.encode(prompt)
+    ids = _encode(tokenizer, prompt, "--prompt")
     if len(ids) == 0:
         raise ValueError("the prompt is empty: give at least one character, e.g. --prompt '\\n'")
     block_size = model.config.block_size
@@ -115,7 +131,7 @@ def print_sample(
             file=sys.stderr,
         )
         ids = ids[-block_size:]
-    stop_ids = None if stop is None else tokenizer.encode(stop)
+    stop_ids = None if stop is None else _encode(tokenizer, stop, f"--stop {stop!r}")
     if stop_ids is not None and len(stop_ids) != 1:
         raise ValueError(
             f"--stop {stop!r} is {len(stop_ids)} tokens; it must be exactly one token "

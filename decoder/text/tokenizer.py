@@ -87,8 +87,8 @@ class CharTokenizer:
             unknown = sorted(set(text) - self.stoi.keys())
             shown = ", ".join(repr(c) for c in unknown[:20]) + (" ..." if len(unknown) > 20 else "")
             raise ValueError(
-                f"{len(unknown)} character(s) not in this tokenizer's vocabulary: {shown}; "
-                "it was built from a different corpus"
+                f"{len(unknown)} character(s) not in this tokenizer's vocabulary: {shown} "
+                "(it holds the characters of the corpus it was built from)"
             ) from None
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -246,7 +246,8 @@ PRESETS: dict[str, Preset] = {
     ),
     "granite": Preset(
         "IBM Granite 3: Llama's layout (GQA, RoPE with theta 10000, SwiGLU, RMSNorm, tied "
-        "head); its muP multipliers of embeddings, residuals, attention and logits are left out",
+        "head); its muP multipliers of embeddings, residuals, attention and logits are left out, "
+        "so it is the same model and run as shakespeare-char-modern (kept as the table's column)",
         model=dict(**SHAKESPEARE_SHAPE, **LLAMA_LAYOUT),
         train=dict(SHAKESPEARE_TRAIN),
     ),

@@ -28,6 +28,7 @@ import numpy as np
 
 import minigrad as mg
 from decoder.model.config import ModelConfig
+from decoder.model.memory import check_memory, memory_floor
 from decoder.model.model import Decoder, build_model
 from decoder.text.data import TokenDataset
 from decoder.text.stream import default_prompt
@@ -61,6 +62,12 @@ RUN_FILES = (*CHECKPOINT_FILES, LOG, PLOT)  # what a run writes into its directo
 # seed chose the weights and the evaluation batches (the model's shape is checked apart).
 RESUME_FIXED = ("tokenizer", "bpe_vocab_size", "seed", "dtype")
 SCHEDULE = ("lr", "min_lr", "warmup_iters", "lr_decay_iters", "max_iters")  # lr_at's fields
+TRAIN_FIXES = {  # memory_floor's largest part -> the setting to lower
+    "n_embd": "lower --n_embd (or --n_layer)",
+    "block_size": "lower --block_size",
+    "batch_size": "lower --batch_size or --block_size (--grad_accum_steps=N trains on as many "
+    "tokens per step with batches N times smaller)",
+}
 SAME_COMMAND = "launch every rank with the same command line, data and run directory"
 
 
@@ -140,13 +147,20 @@ def decay_follows_max_iters(
 def announce_resume(ckpt: Checkpoint, train_cfg: TrainConfig, say: Any) -> None:
     """Say what a resume changes and, where it changes the schedule, the learning rate it
     gives from here; refuse a new ``lr`` or ``warmup_iters`` that no remaining step would use
-    (the same rule in every trainer)."""
+    (the same rule in every trainer). A run with no step left to take is refused: resuming it
+    would do nothing."""
+    step, cfg = ckpt.step, train_cfg
+    if step >= cfg.max_iters:
+        where = "complete" if step == cfg.max_iters else f"past --max_iters={cfg.max_iters}"
+        raise CheckpointError(
+            f"{ckpt.path}: the run is {where} at step {step}: there is nothing to resume; to "
+            f"train further, resume with --max_iters=M for some M > {step}"
+        )
     changed = _differences(ckpt.train_config, train_cfg)
     if changed:
         say("note: resuming with changed settings: " + "; ".join(changed))
     if not _differences(ckpt.train_config, train_cfg, SCHEDULE):
         return
-    step, cfg = ckpt.step, train_cfg
     unused = _differences(ckpt.train_config, cfg, ("lr", "warmup_iters"))
     if unused and cfg.lr_decay_iters <= step < cfg.max_iters:
         raise CheckpointError(
@@ -266,6 +280,9 @@ def start_run(
     ckpt = load_checkpoint(out_dir) if resume else None
     tokenizer = build_tokenizer(ckpt) if ckpt else make_tokenizer(train_cfg, text)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
+    itemsize = np.dtype(train_cfg.dtype).itemsize
+    floor = memory_floor(model_cfg, itemsize, train_cfg.batch_size, training=True)
+    check_memory(floor, train_cfg.device, TRAIN_FIXES)  # before anything of that size exists
     if ckpt is not None:
         _check_resume(ckpt, model_cfg, train_cfg, fingerprint)
     if dist is not None:  # the first collective: ranks that disagree would hang in a later one

@@ -36,6 +36,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from minigrad.fileio import parse_json
+
 try:
     import fcntl
 except ImportError:  # Windows
@@ -58,6 +60,7 @@ def claim_dir(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    resumable: bool = True,
 ) -> Iterator[Path]:
     """Hold ``path`` for one run, as the module docstring describes; yields it as a Path.
 
@@ -65,6 +68,8 @@ def claim_dir(
     directory; ``result`` is the one whose existence means the run left something usable.
     With ``resume`` the previous outputs are expected; with ``overwrite`` they are moved
     aside, put back if the run fails before its result exists, and removed when it ends.
+    ``resumable=False`` is for a command without ``--resume`` (a fine-tune, a merge): its
+    refusal offers only ``--overwrite`` and another ``--out``.
     """
     path = Path(path)
     created = _first_missing(path)
@@ -72,9 +77,10 @@ def claim_dir(
     with _locked(path / LOCK):
         existing = _previous(path, outputs)
         if existing and not (resume or overwrite):
+            again = "pass --resume to continue it, " if resumable else "pass "
             raise RunDirError(
-                f"{path} holds a previous run ({', '.join(existing)}): pass --resume to "
-                f"continue it, --overwrite to replace it, or another --out"
+                f"{path} holds a previous run ({', '.join(existing)}): {again}--overwrite to "
+                f"replace it, or another --out"
             )
         moved = [] if resume else existing
         aside = None
@@ -165,7 +171,7 @@ def _locked(lock_path: Path) -> Iterator[None]:
 def _describe_holder(fd: int) -> str:
     """The holder's details from its lock file, as "pid 12, host h, started ..." ."""
     try:
-        details = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        details = parse_json(os.pread(fd, 4096, 0))
         return f"pid {details['pid']} on {details['host']}, started {details['started']}"
     except (OSError, ValueError, KeyError, TypeError):  # it has not written them yet
         return "its details are not written yet"

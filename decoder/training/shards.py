@@ -44,6 +44,9 @@ from minigrad.cpu_tuning import blas_threads
 from minigrad.nn import Module
 
 ALIGN = 64  # bytes: each parameter's view starts on a cache line
+# NumPy's overflow and NaN warnings, silenced where a NaN is expected and checked: a step's
+# loss is, and a NaN stops the run with TrainingDiverged's one line (the warnings only came first)
+CHECKED_NAN = np.errstate(over="ignore", invalid="ignore", divide="ignore")
 
 
 def fork_available() -> bool:
@@ -70,6 +73,7 @@ def _params(model: Module) -> list:
     return model.parameters()
 
 
+@CHECKED_NAN
 def shard_pass(
     model: Module, loss_fn: Callable, x: Any, y: Any, scale: float, into: dict | None = None
 ) -> float:
@@ -209,7 +213,7 @@ def _serve(
     while True:
         try:
             x, y, scale, training = conn.recv()
-        except EOFError:  # the trainer closed its end, or exited
+        except (EOFError, OSError):  # the trainer closed its end, exited, or was killed
             return
         try:
             model.train(training)

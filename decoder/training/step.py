@@ -44,7 +44,7 @@ from decoder.model.model import IGNORE_INDEX, Decoder
 from decoder.text.data import TokenDataset
 from decoder.training.config import TrainConfig
 from decoder.training.mixed_precision import LossScaler
-from decoder.training.shards import fork_available, shard_pass, workers_for
+from decoder.training.shards import CHECKED_NAN, fork_available, shard_pass, workers_for
 from minigrad.cpu_tuning import blas_threads_settable, cpu_count
 from minigrad.nn import Dropout
 from minigrad.optim import Optimizer, clip_scale, grad_norm
@@ -68,6 +68,7 @@ def lm_loss(model: Decoder, x: np.ndarray, y: np.ndarray) -> mg.Tensor:
 LossFn = Callable[[Decoder, np.ndarray, np.ndarray], mg.Tensor]  # lm_loss's signature
 
 
+@CHECKED_NAN
 def train_step(
     model: Decoder,
     optimizer: Optimizer,

@@ -230,6 +230,16 @@ def test_a_huge_header_length_is_refused_before_reading_it(tmp_path):
         load_safetensors(path)
 
 
+def test_a_header_nested_thousands_deep_is_refused_without_recursion(tmp_path):
+    # json's own parser raises RecursionError near 1000; ours says what is wrong, at 101
+    path = tmp_path / "deep.safetensors"
+    for depth in (101, 5000):
+        text = ('{"a": ' + "[" * depth + "]" * depth + "}").encode()
+        path.write_bytes(struct.pack("<Q", len(text)) + text)
+        with pytest.raises(ValueError, match="deep.safetensors .* the header is nested more than"):
+            load_safetensors(path)
+
+
 # ---- trees ------------------------------------------------------------------------------------
 def test_tree_round_trip(tmp_path, rng):
     tree = {

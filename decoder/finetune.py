@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from decoder.cli import add_device, run_command
+from decoder.cli import add_device, add_no_verify, run_command
 from decoder.post.lora import MERGED, finetune, merge
 from decoder.text.data import load_text
 
@@ -41,6 +41,7 @@ def _command(argv: list[str]) -> None:
         p.add_argument("--adapters", required=True, help="the --out of a fine-tune")
         p.add_argument("--out", required=True, help="where to write the merged checkpoint")
         p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+        add_no_verify(p)
         args = p.parse_args(argv[1:])
         path = merge(args.adapters, args.out, overwrite=args.overwrite)
         print(f"merged checkpoint written to {path}")

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from decoder.cli import add_device
+from decoder.cli import add_device, run_command
 from decoder.hf.pretrained import CONFIG, load_pretrained
 from decoder.post.lora import MERGED, SETTINGS
 from decoder.text.stream import default_prompt, print_sample
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = sampling(p, args)
     if args.block_size is not None and not args.from_pretrained:
         p.error("--block-size goes with --from-pretrained (a checkpoint keeps its own)")
-    try:
+
+    def body() -> None:
         if args.from_pretrained:
             model, tokenizer = load_pretrained(
                 args.from_pretrained, device=args.device or "cpu", block_size=args.block_size
@@ -152,10 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             model, tokenizer, _ = load_model(args.checkpoint, device=args.device)
         prompt = default_prompt(tokenizer) if args.prompt is None else args.prompt
         print_sample(model, tokenizer, prompt, args.max_new_tokens, **settings, stop=args.stop)
-    except (CheckpointError, ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_command(body)  # one line on an error the user can fix, as every command
 
 
 if __name__ == "__main__":

@@ -227,3 +227,23 @@ def test_a_shard_worker_whose_trainer_was_killed_exits_quietly():
     worker.start()
     worker.join(timeout=30)
     assert worker.exitcode == 0  # an exception would print its traceback and exit with 1
+
+
+def test_generate_reports_every_error_a_user_can_fix_in_one_line(tmp_path, monkeypatch, capsys):
+    import decoder.generate as gen
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 80.0 GiB")
+
+    monkeypatch.setattr(gen, "load_model", out_of_memory)
+    monkeypatch.setattr(gen, "check_checkpoint_dir", lambda path: None)
+    assert gen.main(["--checkpoint", str(tmp_path)]) == 2  # not a traceback
+    assert "error: out of memory (Unable to allocate 80.0 GiB)" in capsys.readouterr().err
+
+
+def test_finetune_merge_takes_no_verify(capsys):
+    import decoder.finetune as ft
+
+    with pytest.raises(SystemExit):
+        ft.main(["merge", "--help"])
+    assert "--no-verify" in capsys.readouterr().out

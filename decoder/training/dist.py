@@ -334,8 +334,13 @@ class DataParallel:
         except BaseException as e:
             if isinstance(e, SystemExit) and e.code in (0, None):
                 raise
-            print(f"rank {self.rank} of {self.size} failed; ending the job:", file=sys.stderr)
-            traceback.print_exc()
+            # subtle: the error first and in one write: mpirun forwards a rank's output while
+            # the abort tears the job down, and has dropped the tail of a many-line traceback
+            summary = "".join(traceback.format_exception_only(e)).strip()
+            sys.stderr.write(
+                f"rank {self.rank} of {self.size} failed ({summary}); ending the job:\n"
+                + traceback.format_exc()
+            )
             self.abort(1)
             raise  # Abort ends the process; this only keeps the exception if it returns
 

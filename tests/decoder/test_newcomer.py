@@ -117,8 +117,24 @@ def test_accumulation_evaluates_batch_size_rows_as_the_readme_says():
     )
 
 
+def shell_blocks(text: str) -> str:
+    """The text of the README's fenced blocks without a language or marked as a shell's."""
+    blocks, lines, inside = [], [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if inside is None:
+                inside, lines = line[3:].strip(), []
+            else:
+                blocks += lines if inside in ("", "sh", "bash", "shell") else []
+                inside = None
+        elif inside is not None:
+            lines.append(line)
+    return "\n".join(blocks)
+
+
 def test_readme_shell_commands_create_the_files_they_read():
-    commands = "".join(re.findall(r"^```\n(.*?)^```", README, flags=re.S | re.M))
+    commands = shell_blocks(README)
+    assert "python -m decoder.finetune" in commands  # the blocks were found
     for name in set(re.findall(r"--data (\S+\.txt)", commands)):
         first_use = README.index(f"--data {name}")
         assert re.search(rf"open\(['\"]{re.escape(name)}['\"], ['\"]w", README[:first_use]), name

@@ -53,6 +53,7 @@ from minigrad.optim import Optimizer
 from minigrad.tensor import Tensor
 
 INSTALL_HINT = "pip install -e '.[dist]' (or: make dist)"
+ABORT_GRACE_S = 0.5  # how long a failing rank waits, its error written, before it aborts the job
 
 
 class DataParallel:
@@ -323,7 +324,11 @@ class DataParallel:
     def abort(self, code: int) -> None:
         """End every rank of the job with ``code``: a rank that stops alone leaves the others
         waiting in the next collective for ever."""
+        sys.stdout.flush()
         sys.stderr.flush()
+        # subtle: mpirun forwards each rank's output while the abort tears the job down, and
+        # has lost a whole error message that was already written: give it a moment to read
+        time.sleep(ABORT_GRACE_S)
         self.comm.Abort(code)
 
     @contextlib.contextmanager

@@ -78,10 +78,10 @@ def layer_norm_forward(x: Any, weight: Any, bias: Any, eps: float) -> tuple[Any,
     s = xp.einsum("...c,...c->...", xhat, xhat)[..., None]  # (..., 1), as rows.dot_last
     eps = x.dtype.type(eps)
     if bias is None:
-        y = _launch(_LN_FORWARD_NO_BIAS, x, s, weight, n, eps, xhat)
+        _, y = _launch(_LN_FORWARD_NO_BIAS, x, s, weight, n, eps, xhat)
     else:
-        y = _launch(_LN_FORWARD, x, s, weight, bias, n, eps, xhat)
-    return y[1], xhat, s
+        _, y = _launch(_LN_FORWARD, x, s, weight, bias, n, eps, xhat)  # xhat is written too
+    return y, xhat, s
 
 
 def layer_norm_backward(

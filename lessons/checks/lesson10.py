@@ -1,69 +1,61 @@
-"""Checks of lesson 10 (flash attention): ``online_softmax`` and ``merge_states``."""
+"""Checks of lesson 10 (debugging habits): ``grad_rms`` and ``update_ratios``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
 
 import numpy as np
 
-
-def tiles(scores: np.ndarray, values: np.ndarray, tile: int) -> Iterator[tuple]:
-    """Yield (s, v) tiles of ``tile`` keys, each written into the same buffers, as a kernel
-    reuses its shared memory: a tile is only valid until the next one is read.
-
-    >>> [s for s, _ in tiles(np.arange(5.0), np.zeros((5, 1)), 2)][0]  # kept: overwritten
-    array([nan, nan])
-    """
-    s_buf = np.empty(tile)  # (bk,)
-    v_buf = np.empty((tile, values.shape[1]))  # (bk, hs)
-    for k0 in range(0, len(scores), tile):
-        n = min(tile, len(scores) - k0)
-        s_buf[:n], v_buf[:n] = scores[k0 : k0 + n], values[k0 : k0 + n]
-        yield s_buf[:n], v_buf[:n]
-    s_buf[:], v_buf[:] = np.nan, np.nan  # what an answer that kept the tiles would read
+import minigrad as mg
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from minigrad.optim import AdamW
 
 
-def test_online_softmax(fn):
-    rng = np.random.default_rng(3)
-    s = rng.standard_normal(20) * 3
-    V = rng.standard_normal((20, 5))
-    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
-    for tile in (1, 3, 7, 20, 64):
-        o, lse = fn(tiles(s, V, tile))
-        assert np.allclose(o, p @ V), (
-            f"wrong output with tile={tile}: read each tile once, in order, and keep only "
-            f"m, l and acc between tiles (the next tile overwrites this one)"
+def small_model() -> Decoder:
+    mg.manual_seed(0)
+    return Decoder(ModelConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
+
+
+def test_grad_rms(fn):
+    model = small_model()
+    x = np.arange(16).reshape(2, 8) % 20
+    _, loss = model(x, (x + 1) % 20)
+    loss.backward()
+    model.tok_emb.weight.grad = None  # one parameter without a gradient
+    got = fn(list(model.named_parameters()))
+    names = [name for name, _ in model.named_parameters()]
+    assert sorted(got) == sorted(names), "one entry per parameter name"
+    assert got["tok_emb.weight"] == 0.0, "a parameter without a gradient has RMS 0"
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            want = math.sqrt(float(np.mean(p.grad.astype(np.float64) ** 2)))
+            assert math.isclose(got[name], want, rel_tol=1e-5), (
+                f"{name}: got {got[name]}, want sqrt(mean(g^2)) = {want} (the RMS, not the std)"
+            )
+
+
+def test_update_ratios(fn):
+    model = small_model()
+    opt = AdamW(model.parameters(), lr=1e-2)
+    x = np.arange(16).reshape(2, 8) % 20
+    before = {name: p.numpy().copy() for name, p in model.named_parameters()}
+    _, loss = model(x, (x + 1) % 20)
+    loss.backward()
+    opt.step()
+    after = {name: p.numpy().copy() for name, p in model.named_parameters()}
+    got = fn(before, after)
+
+    def rms(a):
+        return float(np.sqrt(np.mean(np.square(a))))
+
+    for name in before:
+        if rms(before[name]) == 0:
+            assert got[name] == math.inf, f"{name} was all zeros: its ratio is inf"
+            continue
+        want = math.log10(rms(after[name] - before[name]) / rms(before[name]))
+        assert math.isclose(got[name], want, rel_tol=1e-6, abs_tol=1e-9), (
+            f"{name}: got {got[name]:.4f}, want log10(rms(update) / rms(weights)) = {want:.4f}"
         )
-        assert np.isclose(lse, np.log(np.exp(s).sum())), f"wrong logsumexp with tile={tile}"
-    o, lse = fn(tiles(s + 1000, V, 4))  # exp(1000) overflows: needs the running max
-    assert np.allclose(o, p @ V) and np.isclose(lse, 1000 + np.log(np.exp(s).sum())), (
-        "wrong for scores near 1000: exp overflows unless you subtract the running max"
-    )
-    masked = s.copy()
-    masked[:6] = -np.inf  # the first tiles of size 3 see only masked keys
-    p_masked = np.exp(masked - masked.max()) / np.exp(masked - masked.max()).sum()
-    o, lse = fn(tiles(masked, V, 3))
-    assert np.all(np.isfinite(o)), "NaN from a fully masked first tile: re-base m = -inf on 0"
-    assert np.allclose(o, p_masked @ V)
-
-
-def test_merge_states(fn):
-    rng = np.random.default_rng(4)
-    s = rng.standard_normal(30) * 2
-    V = rng.standard_normal((30, 4))
-
-    def state(idx):
-        m = s[idx].max()
-        w = np.exp(s[idx] - m)
-        return m, w.sum(), w @ V[idx]
-
-    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
-    for cut in (1, 11, 29):
-        m, l, acc = fn(state(np.arange(cut)), state(np.arange(cut, 30)))
-        assert np.isclose(m, s.max()), "the merged m must be the max over both sets"
-        assert np.allclose(acc / l, p @ V), f"wrong merged output for a cut at {cut}"
-    parts = [state(np.arange(i, 30, 3)) for i in range(3)]  # keys 0, 3, 6, ...; 1, 4, ...
-    m, l, acc = fn(fn(parts[0], parts[1]), parts[2])  # three interleaved sets of keys
-    m2, l2, acc2 = fn(parts[2], fn(parts[1], parts[0]))  # merged in another order
-    assert np.allclose(acc / l, p @ V) and np.allclose(acc2 / l2, p @ V)
-    assert np.isclose(m, m2) and np.isclose(l, l2), "merging must not depend on the order"
+    one = fn({"w": np.array([1.0, -1.0])}, {"w": np.array([1.001, -1.001])})["w"]
+    assert math.isclose(one, -3.0, abs_tol=1e-6), f"a step of 0.001 on weights of 1: got {one}"

@@ -1,62 +1,99 @@
-"""Checks of lesson 11 (LoRA): ``merged_weight``, ``block_diagonal`` and
-``lora_trainable_count``."""
+"""Checks of lesson 11 (the capstone): ``block_forward``, ``decoder_forward``, ``train_step``
+and ``train_loop``, each against the library on a small model."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from exercises import forbidden
 
+import decoder.training.step
+import minigrad as mg
+from decoder.model.block import Block
 from decoder.model.config import ModelConfig
 from decoder.model.model import Decoder
-from minigrad.nn import Linear
-from minigrad.nn.lora import LoRAHeadLinear, LoRALinear, apply_lora
+from decoder.training.config import TrainConfig
+from minigrad.optim import AdamW, set_lr
+
+CONFIG = ModelConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
 
-def test_merged_weight(fn):
-    g = np.random.default_rng(4)
-    for n_in, n_out, r in [(16, 8, 2), (8, 24, 3)]:
-        layer = LoRALinear(Linear(n_in, n_out).double(), r=r, alpha=16, rng=g)
-        layer.B.data[...] = g.standard_normal(layer.B.shape)
-        with forbidden(fn, LoRALinear, "delta_weight", "compute s (A B)^T from A, B and scale"):
-            with forbidden(fn, LoRALinear, "merge", "do not merge the layer"):
-                got = np.asarray(fn(layer))
-        assert got.shape == (n_out, n_in), f"expected shape {(n_out, n_in)}, got {got.shape}"
-        assert not layer.merged, "do not merge the layer"
-        layer.merge()
-        assert np.allclose(got, layer.base.weight.numpy()), "differs from what merge() gives"
+def model_and_batch(seed: int = 0) -> tuple[Decoder, np.ndarray, np.ndarray]:
+    mg.manual_seed(seed)
+    model = Decoder(CONFIG)
+    g = np.random.default_rng(seed)
+    x = g.integers(0, CONFIG.vocab_size, size=(4, CONFIG.block_size))
+    return model, x, np.roll(x, -1, axis=1)
 
 
-def test_block_diagonal(fn):
-    g = np.random.default_rng(5)
-    for h, r, n_in, m in [(4, 2, 32, 32), (2, 3, 8, 12), (1, 2, 6, 4)]:
-        layer = LoRAHeadLinear(Linear(n_in, m).double(), n_head=h, r=r, alpha=4, rng=g)
-        layer.B.data[...] = g.standard_normal(layer.B.shape)
-        got = np.asarray(fn(layer.B.numpy()))
-        assert got.shape == (h * r, m), f"expected shape {(h * r, m)}, got {got.shape}"
-        want = layer.delta_weight() / layer.scale
-        assert np.allclose(layer.A.numpy() @ got, want), "A @ block_diagonal(B) is not Delta W / s"
-        assert np.count_nonzero(got) == layer.B.size, "entries outside the blocks must be 0"
+def test_block_forward(fn):
+    mg.manual_seed(1)
+    block = Block(CONFIG)
+    x = mg.randn(2, 5, CONFIG.n_embd, requires_grad=True)
+    want = block(x)
+    with forbidden(fn, Block, "forward", "write the block from norm1, attn, norm2 and ffn"):
+        got = fn(block, x)
+    assert got.shape == x.shape, f"expected shape {x.shape}, got {got.shape}"
+    assert np.allclose(got.numpy(), want.numpy(), atol=1e-6), "differs from Block.forward"
+    g = np.random.default_rng(1).standard_normal(x.shape)
+    got.backward(g)
+    grad = x.grad.copy()
+    x.grad = None
+    want.backward(g)
+    assert np.allclose(grad, x.grad, atol=1e-6), "the gradient differs from Block's"
 
 
-def test_lora_trainable_count(fn):
-    small = dict(vocab_size=30, block_size=8, n_layer=2, n_embd=32)
-    cases = [
-        (ModelConfig(**small, n_head=4), ("wq", "wv"), 4, False),
-        (ModelConfig(**small, n_head=4), ("wq", "wk", "wv", "wo", "w1", "w2"), 2, False),
-        (ModelConfig(**small, n_head=4, n_kv_head=2, ffn="swiglu"), ("wk", "w1", "w3"), 3, False),
-        (ModelConfig(**small, n_head=4), ("wq", "wv"), 2, True),
-        (ModelConfig(**small, n_head=8, n_kv_head=2, bias=True), ("wq", "wk", "wv", "wo"), 1, True),
-    ]
-    for config, targets, r, per_head in cases:
-        model = Decoder(config)
-        heads = {
-            "wq": config.n_head,
-            "wk": config.n_kv_head,
-            "wv": config.n_kv_head,
-            "wo": config.n_head,
-        }
-        apply_lora(model, targets, r=r, per_head=per_head, n_head=heads if per_head else None)
-        want = model.num_parameters(trainable_only=True)
-        with forbidden(fn, Decoder, "__init__", "count from the config, without a model"):
-            got = fn(config, targets, r, per_head)
-        assert got == want, f"{got} != {want} for targets {targets}, r={r}, per_head={per_head}"
+def test_decoder_forward(fn):
+    model, x, y = model_and_batch()
+    want, _ = model(x)
+    with forbidden(fn, Decoder, "forward", "write the model's forward from its parts"):
+        got = fn(model, x)
+    V = CONFIG.vocab_size
+    assert got.shape == (*x.shape, V), f"expected shape {(*x.shape, V)}, got {got.shape}"
+    assert np.allclose(got.numpy(), want.numpy(), atol=1e-5), "differs from Decoder.forward"
+    loss = mg.functional.cross_entropy(got.reshape(-1, V), y.reshape(-1)).item()
+    assert abs(loss - math.log(V)) < 0.2, f"a fresh model's loss {loss:.3f} should be near log V"
+
+
+def test_train_step(fn):
+    mine, x, y = model_and_batch()
+    library, _, _ = model_and_batch()
+    opt_mine, opt_library = AdamW(mine.parameters(), lr=1e-2), AdamW(library.parameters(), lr=1e-2)
+    cfg = TrainConfig(grad_clip=1.0, shards=1)  # the whole batch at once, as a student writes it
+    for step in range(1, 4):
+        want = decoder.training.step.train_step(library, opt_library, x, y, cfg, step)
+        with forbidden(fn, decoder.training.step, "train_step", "write the step yourself"):
+            got = fn(mine, opt_mine, x, y, 1.0)
+        assert math.isclose(got, want, rel_tol=1e-5), f"step {step}: loss {got}, library {want}"
+    for (name, p), q in zip(mine.named_parameters(), library.parameters(), strict=True):
+        assert np.allclose(p.numpy(), q.numpy(), atol=1e-6), f"{name} differs after 3 steps"
+
+
+def test_train_loop(fn):
+    model, x, y = model_and_batch(1)
+    opt = AdamW(model.parameters(), lr=0.0, weight_decay=0.0)
+    seen = []
+
+    def lr_at(step):
+        seen.append(step)
+        return 3e-2 if step < 60 else 1e-2
+
+    losses = fn(model, opt, lambda: (x, y), 80, lr_at)
+    assert len(losses) == 80, f"one loss per step: got {len(losses)}"
+    assert seen == list(range(80)), "ask lr_at for steps 0, 1, ..., steps - 1, in order"
+    library, _, _ = model_and_batch(1)
+    opt_library = AdamW(library.parameters(), lr=0.0, weight_decay=0.0)
+    cfg = TrainConfig(grad_clip=1.0, shards=1)  # the whole batch at once, as a student writes it
+    for s in range(5):
+        set_lr(opt_library, 3e-2)
+        want = decoder.training.step.train_step(library, opt_library, x, y, cfg, s + 1)
+        assert math.isclose(losses[s], want, rel_tol=1e-5), (
+            f"step {s}: loss {losses[s]}, the library's {want}: set the rate lr_at(s) before "
+            f"step s, then take the step"
+        )
+    assert abs(losses[0] - math.log(CONFIG.vocab_size)) < 0.2, "the first loss is a fresh model's"
+    assert losses[-1] < 0.2 * losses[0], (
+        f"one batch, 80 steps: the loss went {losses[0]:.2f} -> {losses[-1]:.2f}; it should "
+        f"fall close to 0 (is every step's gradient fresh, and the rate the schedule's?)"
+    )

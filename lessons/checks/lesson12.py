@@ -1,73 +1,69 @@
-"""Checks of lesson 12 (on the GPU): ``logsumexp`` and ``softplus``.
-
-Without a GPU, ``logsumexp`` still runs on a device array: the project's CuPy stand-in
-(``tests/support/fake_cupy.py``, NumPy behind CuPy's rules), which refuses NumPy's own
-functions as real CuPy arrays do. An answer that calls ``np`` instead of ``xp_of(a)`` fails
-here, not first on a learner's GPU.
-"""
+"""Checks of lesson 12 (flash attention): ``online_softmax`` and ``merge_states``."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
-import minigrad as mg
-from minigrad import backend
-from minigrad.backend import cuda_available, xp_of
 
-STAND_IN = Path(__file__).resolve().parents[2] / "tests" / "support" / "fake_cupy.py"
+def tiles(scores: np.ndarray, values: np.ndarray, tile: int) -> Iterator[tuple]:
+    """Yield (s, v) tiles of ``tile`` keys, each written into the same buffers, as a kernel
+    reuses its shared memory: a tile is only valid until the next one is read.
 
-
-@contextlib.contextmanager
-def device_module() -> Iterator[ModuleType]:
-    """CuPy where a GPU is visible, else the stand-in, as the device namespace of the block."""
-    if cuda_available():
-        yield backend.get_xp("cuda")
-        return
-    spec = importlib.util.spec_from_file_location("fake_cupy", STAND_IN)
-    stand_in = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stand_in)
-    previous, backend._cupy = backend._cupy, stand_in  # xp_of now recognises its arrays
-    try:
-        yield stand_in
-    finally:
-        backend._cupy = previous
+    >>> [s for s, _ in tiles(np.arange(5.0), np.zeros((5, 1)), 2)][0]  # kept: overwritten
+    array([nan, nan])
+    """
+    s_buf = np.empty(tile)  # (bk,)
+    v_buf = np.empty((tile, values.shape[1]))  # (bk, hs)
+    for k0 in range(0, len(scores), tile):
+        n = min(tile, len(scores) - k0)
+        s_buf[:n], v_buf[:n] = scores[k0 : k0 + n], values[k0 : k0 + n]
+        yield s_buf[:n], v_buf[:n]
+    s_buf[:], v_buf[:] = np.nan, np.nan  # what an answer that kept the tiles would read
 
 
-def test_logsumexp(fn):
-    rng = np.random.default_rng(7)
-    a = rng.standard_normal((3, 5))
-    expected = np.log(np.exp(a).sum(axis=-1))
-    assert fn(a).shape == (3,), f"expected shape (3,), got {fn(a).shape}"
-    assert np.allclose(fn(a), expected), "wrong values"
-    assert fn(a.astype(np.float32)).dtype == np.float32, "keep the input's dtype"
-    assert np.allclose(fn(a + 1000.0), expected + 1000.0), "overflow: subtract the max first"
-    assert np.allclose(fn(a - 1000.0), expected - 1000.0), "underflow: subtract the max first"
-    masked = fn(np.array([[0.0, -np.inf, -np.inf], [1.0, 1.0, -np.inf]]))  # masked entries
-    assert np.allclose(masked, [0.0, 1.0 + np.log(2.0)]), "-inf entries must add nothing"
-    with device_module() as cupy:
-        got = fn(cupy.asarray(a))
-        assert xp_of(got) is cupy, "a device input must give a device result: use xp_of(a)"
-        assert np.allclose(cupy.asnumpy(got), expected)
+def test_online_softmax(fn):
+    rng = np.random.default_rng(3)
+    s = rng.standard_normal(20) * 3
+    V = rng.standard_normal((20, 5))
+    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+    for tile in (1, 3, 7, 20, 64):
+        o, lse = fn(tiles(s, V, tile))
+        assert np.allclose(o, p @ V), (
+            f"wrong output with tile={tile}: read each tile once, in order, and keep only "
+            f"m, l and acc between tiles (the next tile overwrites this one)"
+        )
+        assert np.isclose(lse, np.log(np.exp(s).sum())), f"wrong logsumexp with tile={tile}"
+    o, lse = fn(tiles(s + 1000, V, 4))  # exp(1000) overflows: needs the running max
+    assert np.allclose(o, p @ V) and np.isclose(lse, 1000 + np.log(np.exp(s).sum())), (
+        "wrong for scores near 1000: exp overflows unless you subtract the running max"
+    )
+    masked = s.copy()
+    masked[:6] = -np.inf  # the first tiles of size 3 see only masked keys
+    p_masked = np.exp(masked - masked.max()) / np.exp(masked - masked.max()).sum()
+    o, lse = fn(tiles(masked, V, 3))
+    assert np.all(np.isfinite(o)), "NaN from a fully masked first tile: re-base m = -inf on 0"
+    assert np.allclose(o, p_masked @ V)
 
 
-def test_softplus(fn):
-    x = mg.tensor([-1000.0, -3.0, 0.0, 0.5, 40.0, 1000.0], dtype="float64", requires_grad=True)
-    y = fn(x)
-    expected = np.logaddexp(0, x.numpy())
-    assert np.all(np.isfinite(y.numpy())), "overflow: use max(x, 0) + log1p(exp(-|x|))"
-    assert np.allclose(y.numpy(), expected), "wrong values"
-    y.backward(np.ones(6))
-    sigmoid = 0.5 * (1 + np.tanh(x.numpy() / 2))  # = 1 / (1 + e^-x), without overflow
-    assert np.allclose(x.grad, sigmoid), "the gradient must be sigmoid(x)"
-    mg.manual_seed(3)
-    x = mg.randn(3, 4, dtype="float64", requires_grad=True)
-    assert mg.gradcheck(fn, x)
-    if cuda_available():
-        y_gpu = fn(x.to("cuda"))
-        assert y_gpu.device == "cuda" and np.allclose(y_gpu.numpy(), fn(x).numpy())
+def test_merge_states(fn):
+    rng = np.random.default_rng(4)
+    s = rng.standard_normal(30) * 2
+    V = rng.standard_normal((30, 4))
+
+    def state(idx):
+        m = s[idx].max()
+        w = np.exp(s[idx] - m)
+        return m, w.sum(), w @ V[idx]
+
+    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+    for cut in (1, 11, 29):
+        m, l, acc = fn(state(np.arange(cut)), state(np.arange(cut, 30)))
+        assert np.isclose(m, s.max()), "the merged m must be the max over both sets"
+        assert np.allclose(acc / l, p @ V), f"wrong merged output for a cut at {cut}"
+    parts = [state(np.arange(i, 30, 3)) for i in range(3)]  # keys 0, 3, 6, ...; 1, 4, ...
+    m, l, acc = fn(fn(parts[0], parts[1]), parts[2])  # three interleaved sets of keys
+    m2, l2, acc2 = fn(parts[2], fn(parts[1], parts[0]))  # merged in another order
+    assert np.allclose(acc / l, p @ V) and np.allclose(acc2 / l2, p @ V)
+    assert np.isclose(m, m2) and np.isclose(l, l2), "merging must not depend on the order"

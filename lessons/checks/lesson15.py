@@ -1,76 +1,62 @@
-"""Checks of lesson 15 (loading a real model): ``read_header``, ``split_c_attn`` and
-``bfloat16_to_float32``."""
+"""Checks of lesson 15 (LoRA): ``merged_weight``, ``block_diagonal`` and
+``lora_trainable_count``."""
 
 from __future__ import annotations
-
-import tempfile
-from pathlib import Path
 
 import numpy as np
 from exercises import forbidden
 
-import decoder.hf.pretrained
-import minigrad.serialization
-from decoder.hf.pretrained import K, Q, V, to_ours
-from minigrad.serialization import save_safetensors
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from minigrad.nn import Linear
+from minigrad.nn.lora import LoRAHeadLinear, LoRALinear, apply_lora
 
 
-def test_read_header(fn):
-    arrays = {
-        "wte.weight": np.zeros((5, 3), np.float32),
-        "h.0.attn.bias": np.zeros((1, 1, 2, 2), np.float16),
-        "step": np.zeros((), np.int64),  # 0-d: shape ()
-        "empty": np.zeros((0, 4), np.float32),
-    }
-    with tempfile.TemporaryDirectory() as tmp:
-        path = str(Path(tmp) / "model.safetensors")
-        save_safetensors(path, arrays, {"format": "pt"})
-        why = "read the 8-byte length and the JSON header yourself"
-        with (
-            forbidden(fn, minigrad.serialization, "open_safetensors", why),
-            forbidden(fn, minigrad.serialization, "load_safetensors", why),
-        ):
-            got = fn(path)
-    assert "__metadata__" not in got, "__metadata__ holds the file's strings, not a tensor"
-    want = {"wte.weight": ("F32", (5, 3)), "h.0.attn.bias": ("F16", (1, 1, 2, 2))}
-    want |= {"step": ("I64", ()), "empty": ("F32", (0, 4))}
-    assert got == want, f"got {got}, want {want} (shapes as tuples)"
+def test_merged_weight(fn):
+    g = np.random.default_rng(4)
+    for n_in, n_out, r in [(16, 8, 2), (8, 24, 3)]:
+        layer = LoRALinear(Linear(n_in, n_out).double(), r=r, alpha=16, rng=g)
+        layer.B.data[...] = g.standard_normal(layer.B.shape)
+        with forbidden(fn, LoRALinear, "delta_weight", "compute s (A B)^T from A, B and scale"):
+            with forbidden(fn, LoRALinear, "merge", "do not merge the layer"):
+                got = np.asarray(fn(layer))
+        assert got.shape == (n_out, n_in), f"expected shape {(n_out, n_in)}, got {got.shape}"
+        assert not layer.merged, "do not merge the layer"
+        layer.merge()
+        assert np.allclose(got, layer.base.weight.numpy()), "differs from what merge() gives"
 
 
-def test_split_c_attn(fn):
-    C = 4
-    rng = np.random.default_rng(0)
-    weight = rng.standard_normal((C, 3 * C)).astype(np.float32)  # Conv1D: (in, out)
-    bias = rng.standard_normal(3 * C).astype(np.float32)
-    with forbidden(fn, decoder.hf.pretrained, "to_ours", "split and transpose the arrays yourself"):
-        weights, biases = fn(weight, bias)
-    assert len(weights) == 3 and len(biases) == 3, "three weights and three biases: Q, K, V"
-    for name, layout, w, b in zip("QKV", (Q, K, V), weights, biases, strict=True):
-        assert w.shape == (C, C) and b.shape == (C,), f"W_{name} {w.shape}, b_{name} {b.shape}"
-        np.testing.assert_array_equal(w, to_ours(weight, layout, rows=0), err_msg=f"W_{name}")
-        np.testing.assert_array_equal(b, to_ours(bias, layout, rows=0), err_msg=f"b_{name}")
-    # the meaning: our three Linears (y = x W^T + b) compute what GPT-2's one Conv1D computes
-    x = rng.standard_normal((2, C)).astype(np.float32)
-    ours = np.concatenate([x @ w.T + b for w, b in zip(weights, biases, strict=True)], axis=-1)
-    np.testing.assert_allclose(ours, x @ weight + bias, rtol=1e-5, atol=1e-6)
+def test_block_diagonal(fn):
+    g = np.random.default_rng(5)
+    for h, r, n_in, m in [(4, 2, 32, 32), (2, 3, 8, 12), (1, 2, 6, 4)]:
+        layer = LoRAHeadLinear(Linear(n_in, m).double(), n_head=h, r=r, alpha=4, rng=g)
+        layer.B.data[...] = g.standard_normal(layer.B.shape)
+        got = np.asarray(fn(layer.B.numpy()))
+        assert got.shape == (h * r, m), f"expected shape {(h * r, m)}, got {got.shape}"
+        want = layer.delta_weight() / layer.scale
+        assert np.allclose(layer.A.numpy() @ got, want), "A @ block_diagonal(B) is not Delta W / s"
+        assert np.count_nonzero(got) == layer.B.size, "entries outside the blocks must be 0"
 
 
-def test_bfloat16_to_float32(fn):
-    special = np.array(
-        [0.0, -0.0, 1.0, -3.0, np.inf, -np.inf, np.nan, 3.3895314e38, 1e-40, -2.5e-39],
-        dtype=np.float32,
-    )  # signed zeros, infinities, NaN, bfloat16's largest, subnormals
-    rng = np.random.default_rng(0)
-    values = np.concatenate([special, rng.standard_normal(50).astype(np.float32) * 1e3])
-    # the values a bfloat16 can hold: float32s whose low 16 bits are zero
-    exact = (values.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32).reshape(6, 10)
-    bits = (exact.view(np.uint32) >> 16).astype(np.uint16)  # their bfloat16 bit patterns
-    why = "shift the bits yourself"
-    with forbidden(fn, minigrad.serialization, "bfloat16_to_float32", why):
-        got = np.asarray(fn(bits))
-        zero_d = np.asarray(fn(bits[0, 2].reshape(())))
-    assert got.dtype == np.float32, f"got dtype {got.dtype}, want float32"
-    assert got.shape == bits.shape, f"got shape {got.shape}, want {bits.shape}: keep the shape"
-    np.testing.assert_array_equal(got, exact, err_msg="the values the bits encode")  # NaN too
-    assert (np.signbit(got) == np.signbit(exact)).all(), "-0.0 keeps its sign: 0x8000 is -0.0"
-    assert zero_d.shape == () and zero_d == 1.0, f"a 0-d array stays 0-d: got {zero_d!r}"
+def test_lora_trainable_count(fn):
+    small = dict(vocab_size=30, block_size=8, n_layer=2, n_embd=32)
+    cases = [
+        (ModelConfig(**small, n_head=4), ("wq", "wv"), 4, False),
+        (ModelConfig(**small, n_head=4), ("wq", "wk", "wv", "wo", "w1", "w2"), 2, False),
+        (ModelConfig(**small, n_head=4, n_kv_head=2, ffn="swiglu"), ("wk", "w1", "w3"), 3, False),
+        (ModelConfig(**small, n_head=4), ("wq", "wv"), 2, True),
+        (ModelConfig(**small, n_head=8, n_kv_head=2, bias=True), ("wq", "wk", "wv", "wo"), 1, True),
+    ]
+    for config, targets, r, per_head in cases:
+        model = Decoder(config)
+        heads = {
+            "wq": config.n_head,
+            "wk": config.n_kv_head,
+            "wv": config.n_kv_head,
+            "wo": config.n_head,
+        }
+        apply_lora(model, targets, r=r, per_head=per_head, n_head=heads if per_head else None)
+        want = model.num_parameters(trainable_only=True)
+        with forbidden(fn, Decoder, "__init__", "count from the config, without a model"):
+            got = fn(config, targets, r, per_head)
+        assert got == want, f"{got} != {want} for targets {targets}, r={r}, per_head={per_head}"

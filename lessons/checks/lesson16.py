@@ -1,102 +1,76 @@
-"""Checks of lesson 16 (training past one process): ``global_mean_grad``, ``zero_slices`` and
-``update_scale``, each against the library (a float64 model's gradients, decoder.training.dist's
-ZeRO-1 slices, decoder.training.mixed_precision's LossScaler), with the function that would answer
-it off limits."""
+"""Checks of lesson 16 (loading a real model): ``read_header``, ``split_c_attn`` and
+``bfloat16_to_float32``."""
 
 from __future__ import annotations
 
-from itertools import pairwise
-from types import SimpleNamespace
+import tempfile
+from pathlib import Path
 
 import numpy as np
 from exercises import forbidden
 
-import minigrad as mg
-from decoder.model.config import ModelConfig
-from decoder.model.model import Decoder
-from decoder.training.dist import DataParallel
-from decoder.training.mixed_precision import LossScaler
+import decoder.hf.pretrained
+import minigrad.serialization
+from decoder.hf.pretrained import K, Q, V, to_ours
+from minigrad.serialization import save_safetensors
 
 
-def flat_grad(model: Decoder, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Every parameter's gradient of the mean loss over the rows of ``x``, end to end."""
-    model.zero_grad()
-    _, loss = model(x, y)
-    loss.backward()
-    return np.concatenate([p.grad.ravel() for p in model.parameters()])
+def test_read_header(fn):
+    arrays = {
+        "wte.weight": np.zeros((5, 3), np.float32),
+        "h.0.attn.bias": np.zeros((1, 1, 2, 2), np.float16),
+        "step": np.zeros((), np.int64),  # 0-d: shape ()
+        "empty": np.zeros((0, 4), np.float32),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "model.safetensors")
+        save_safetensors(path, arrays, {"format": "pt"})
+        why = "read the 8-byte length and the JSON header yourself"
+        with (
+            forbidden(fn, minigrad.serialization, "open_safetensors", why),
+            forbidden(fn, minigrad.serialization, "load_safetensors", why),
+        ):
+            got = fn(path)
+    assert "__metadata__" not in got, "__metadata__ holds the file's strings, not a tensor"
+    want = {"wte.weight": ("F32", (5, 3)), "h.0.attn.bias": ("F16", (1, 1, 2, 2))}
+    want |= {"step": ("I64", ()), "empty": ("F32", (0, 4))}
+    assert got == want, f"got {got}, want {want} (shapes as tuples)"
 
 
-def test_global_mean_grad(fn):
-    mg.manual_seed(0)
-    model = Decoder(ModelConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=16))
-    model = model.double()
-    batch = np.random.default_rng(0).integers(0, 13, size=(2, 9, 8))  # (x|y, rows, T)
-    whole = flat_grad(model, batch[0], batch[1])
-    for rows in ([4, 5], [1, 3, 5], [9], [2, 2, 2, 3]):
-        ends = np.cumsum([0, *rows])
-        grads = [flat_grad(model, batch[0][a:b], batch[1][a:b]) for a, b in pairwise(ends)]
-        with forbidden(fn, np, "average", "weight the ranks' means yourself"):
-            got = np.asarray(fn(grads, rows))
-        assert got.shape == whole.shape, f"ranks of {rows} rows: shape {got.shape}"
-        np.testing.assert_allclose(
-            got,
-            whole,
-            rtol=1e-10,
-            atol=1e-14,
-            err_msg=f"ranks of {rows} rows: not the gradient of the mean over all "
-            f"{sum(rows)} rows (a rank with more rows carries more of the mean)",
-        )
+def test_split_c_attn(fn):
+    C = 4
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((C, 3 * C)).astype(np.float32)  # Conv1D: (in, out)
+    bias = rng.standard_normal(3 * C).astype(np.float32)
+    with forbidden(fn, decoder.hf.pretrained, "to_ours", "split and transpose the arrays yourself"):
+        weights, biases = fn(weight, bias)
+    assert len(weights) == 3 and len(biases) == 3, "three weights and three biases: Q, K, V"
+    for name, layout, w, b in zip("QKV", (Q, K, V), weights, biases, strict=True):
+        assert w.shape == (C, C) and b.shape == (C,), f"W_{name} {w.shape}, b_{name} {b.shape}"
+        np.testing.assert_array_equal(w, to_ours(weight, layout, rows=0), err_msg=f"W_{name}")
+        np.testing.assert_array_equal(b, to_ours(bias, layout, rows=0), err_msg=f"b_{name}")
+    # the meaning: our three Linears (y = x W^T + b) compute what GPT-2's one Conv1D computes
+    x = rng.standard_normal((2, C)).astype(np.float32)
+    ours = np.concatenate([x @ w.T + b for w, b in zip(weights, biases, strict=True)], axis=-1)
+    np.testing.assert_allclose(ours, x @ weight + bias, rtol=1e-5, atol=1e-6)
 
 
-def library_slices(sizes: list[int], n_ranks: int, rank: int) -> list[tuple[int, int, int]]:
-    """decoder.training.dist's slices of ``rank``, from a DataParallel built without MPI."""
-    dist = object.__new__(DataParallel)  # _pieces reads only the rank and the size
-    dist.rank, dist.size = rank, n_ranks
-    params = [SimpleNamespace(data=np.empty(n)) for n in sizes]
-    optimizer = SimpleNamespace(param_groups=[{"params": params}])
-    return [(i, lo, hi) for i, _, _, _, (lo, hi) in dist._pieces(optimizer)]
-
-
-def test_zero_slices(fn):
-    cases = [([10, 1, 7, 6], 3), ([3, 4], 2), ([5], 4), ([4, 4], 1), ([1, 1, 1, 1, 1], 2)]
-    for sizes, n_ranks in cases:
-        with forbidden(fn, DataParallel, "_pieces", "cut the flat buffer yourself"):
-            got = [
-                [tuple(int(v) for v in s) for s in fn(sizes, n_ranks, r)] for r in range(n_ranks)
-            ]
-        owners = [np.zeros(n, dtype=int) for n in sizes]
-        for pieces in got:
-            for i, lo, hi in pieces:
-                owners[i][lo:hi] += 1
-        for i, owned in enumerate(owners):
-            assert (owned == 1).all(), (
-                f"sizes {sizes}, {n_ranks} ranks: elements {np.flatnonzero(owned != 1).tolist()} "
-                f"of parameter {i} are held by {owned[owned != 1].tolist()} ranks; each element "
-                "belongs to exactly one rank"
-            )
-        shard = -(-sum(sizes) // n_ranks)
-        for r, pieces in enumerate(got):
-            held = sum(hi - lo for _, lo, hi in pieces)
-            assert held <= shard, (
-                f"sizes {sizes}, {n_ranks} ranks: rank {r} holds {held} elements; equal slices "
-                f"of ceil({sum(sizes)} / {n_ranks}) = {shard} keep every rank's memory at 1/N"
-            )
-            want = library_slices(sizes, n_ranks, r)
-            assert pieces == want, f"sizes {sizes}, {n_ranks} ranks, rank {r}: {pieces} != {want}"
-
-
-def test_update_scale(fn):
-    flags = [True, True, True, True, False, True, True, False, False, True, True, True, True]
-    for growth_interval in (1, 3):
-        scaler = LossScaler("float16", init_scale=1024.0, growth_interval=growth_interval)
-        scale, clean = scaler.scale, scaler.clean_steps
-        for i, finite in enumerate(flags):
-            grad = np.array([1.0, 2.0 if finite else np.inf])
-            take = scaler.update([SimpleNamespace(grad=grad)])
-            with forbidden(fn, LossScaler, "update", "follow the rule yourself"):
-                scale, clean, step = fn(scale, clean, finite, growth_interval)
-            want = (scaler.scale, scaler.clean_steps, take)
-            assert (scale, clean, step) == want, (
-                f"growth_interval {growth_interval}, step {i} ({'clean' if finite else 'overflow'}"
-                f"): got (scale, clean_steps, take) = {(scale, clean, step)}, want {want}"
-            )
+def test_bfloat16_to_float32(fn):
+    special = np.array(
+        [0.0, -0.0, 1.0, -3.0, np.inf, -np.inf, np.nan, 3.3895314e38, 1e-40, -2.5e-39],
+        dtype=np.float32,
+    )  # signed zeros, infinities, NaN, bfloat16's largest, subnormals
+    rng = np.random.default_rng(0)
+    values = np.concatenate([special, rng.standard_normal(50).astype(np.float32) * 1e3])
+    # the values a bfloat16 can hold: float32s whose low 16 bits are zero
+    exact = (values.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32).reshape(6, 10)
+    bits = (exact.view(np.uint32) >> 16).astype(np.uint16)  # their bfloat16 bit patterns
+    why = "shift the bits yourself"
+    with forbidden(fn, minigrad.serialization, "bfloat16_to_float32", why):
+        got = np.asarray(fn(bits))
+        zero_d = np.asarray(fn(bits[0, 2].reshape(())))
+    assert got.dtype == np.float32, f"got dtype {got.dtype}, want float32"
+    assert got.shape == bits.shape, f"got shape {got.shape}, want {bits.shape}: keep the shape"
+    np.testing.assert_array_equal(got, exact, err_msg="the values the bits encode")  # NaN too
+    assert (np.signbit(got) == np.signbit(exact)).all(), "-0.0 keeps its sign: 0x8000 is -0.0"
+    assert zero_d.shape == () and zero_d == 1.0, f"a 0-d array stays 0-d: got {zero_d!r}"

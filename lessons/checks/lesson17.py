@@ -1,94 +1,102 @@
-"""Checks of lesson 17 (newer attention): ``window_mask``, ``absorb_query`` and
-``yarn_frequencies``."""
+"""Checks of lesson 17 (training past one process): ``global_mean_grad``, ``zero_slices`` and
+``update_scale``, each against the library (a float64 model's gradients, decoder.training.dist's
+ZeRO-1 slices, decoder.training.mixed_precision's LossScaler), with the function that would answer
+it off limits."""
 
 from __future__ import annotations
+
+from itertools import pairwise
+from types import SimpleNamespace
 
 import numpy as np
 from exercises import forbidden
 
 import minigrad as mg
-from decoder.model import positional
-from decoder.model.mla import MultiHeadLatentAttention
-from minigrad import functional as F
-from minigrad.functional import attention
+from decoder.model.config import ModelConfig
+from decoder.model.model import Decoder
+from decoder.training.dist import DataParallel
+from decoder.training.mixed_precision import LossScaler
 
 
-def library_hidden(T: int, W: int) -> np.ndarray:
-    """Where the library's windowed attention gives a key no weight, read off its output.
-
-    With every score equal (zero queries) a query spreads its weight evenly over the keys it
-    sees, and with the identity as values its output row is that weight row itself.
-    """
-    if T == 0:
-        return np.zeros((0, 0), dtype=bool)
-    zeros = mg.zeros(1, 1, T, T)  # q and k; T wide, as v must match k's shape
-    values = mg.tensor(np.eye(T, dtype=np.float32)[None, None])  # (1, 1, T, T)
-    att = F.scaled_dot_product_attention(zeros, zeros, values, impl="naive", window=W)
-    return att.numpy()[0, 0] == 0  # (T, T)
+def flat_grad(model: Decoder, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Every parameter's gradient of the mean loss over the rows of ``x``, end to end."""
+    model.zero_grad()
+    _, loss = model(x, y)
+    loss.backward()
+    return np.concatenate([p.grad.ravel() for p in model.parameters()])
 
 
-def test_window_mask(fn):
-    cases = ((6, 2), (7, 3), (5, 1), (4, 4), (4, 9), (1, 1), (0, 3))
-    wants = [library_hidden(T, W) for T, W in cases]
-    why = "build the mask from the positions i and j yourself"
-    with (
-        forbidden(fn, F, "scaled_dot_product_attention", why),
-        forbidden(fn, attention, "scaled_dot_product_attention", why),
-        forbidden(fn, attention, "naive_attention", why),
-    ):
-        answers = [np.asarray(fn(T, W)) for T, W in cases]
-    for (T, W), got, want in zip(cases, answers, wants, strict=True):
-        assert got.shape == (T, T), f"T={T}, W={W}: want a (T, T) mask, got shape {got.shape}"
-        assert got.dtype == bool, f"want a bool mask (True = hidden), got dtype {got.dtype}"
-        wrong = np.argwhere(got != want)
-        if len(wrong):
-            i, j = wrong[0]
-            seen = "sees" if not want[i, j] else "must not see"
-            raise AssertionError(
-                f"T={T}, W={W}: query {i} {seen} key {j} (it sees its last W positions, "
-                f"itself included: i - W < j <= i); want\n{want.astype(int)}\ngot\n"
-                f"{got.astype(int)}"
-            )
-
-
-def test_absorb_query(fn):
+def test_global_mean_grad(fn):
     mg.manual_seed(0)
-    # d_nope 6, d_c 10, d_v 4: widths that differ, so a transposed or mixed-up matrix fails
-    mla = MultiHeadLatentAttention(
-        12, 3, kv_lora_rank=10, rope_head_dim=2, nope_head_dim=6, v_head_dim=4, block_size=8
-    )
-    w_uk, _ = (w.numpy().astype(np.float64) for w in mla.up_projections())  # (3, 6, 10)
-    rng = np.random.default_rng(0)
-    q_nope = rng.standard_normal((2, 3, 5, 6))  # (B, nh, T, d_nope)
-    c_kv = rng.standard_normal((2, 1, 7, 10))  # (B, 1, S, d_c): one latent per token
-    got = np.asarray(fn(q_nope.copy(), w_uk.copy()))
-    assert got.shape == (2, 3, 5, 10), (
-        f"want (B, nh, T, d_c) = (2, 3, 5, 10): the query in the latent space, got {got.shape}"
-    )
-    # the explicit form: every latent up-projected to each head's key, then q . k
-    kv = mla.wkv_b(mg.tensor(c_kv[:, 0].astype(np.float32))).numpy().astype(np.float64)
-    k_nope = kv.reshape(2, 7, 3, 10)[..., :6].transpose(0, 2, 1, 3)  # (B, nh, S, d_nope)
-    want = q_nope @ k_nope.swapaxes(-1, -2)  # (B, nh, T, S)
-    scores = got @ c_kv.swapaxes(-1, -2)  # (B, nh, T, S) without expanding the cache
-    assert np.allclose(scores, want, rtol=1e-4, atol=1e-5), (
-        f"q_latent . c_KV differs from q . (W_UK c_KV) by up to "
-        f"{np.abs(scores - want).max():.3g}: each head needs its own W_UK_h"
-    )
+    model = Decoder(ModelConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    model = model.double()
+    batch = np.random.default_rng(0).integers(0, 13, size=(2, 9, 8))  # (x|y, rows, T)
+    whole = flat_grad(model, batch[0], batch[1])
+    for rows in ([4, 5], [1, 3, 5], [9], [2, 2, 2, 3]):
+        ends = np.cumsum([0, *rows])
+        grads = [flat_grad(model, batch[0][a:b], batch[1][a:b]) for a, b in pairwise(ends)]
+        with forbidden(fn, np, "average", "weight the ranks' means yourself"):
+            got = np.asarray(fn(grads, rows))
+        assert got.shape == whole.shape, f"ranks of {rows} rows: shape {got.shape}"
+        np.testing.assert_allclose(
+            got,
+            whole,
+            rtol=1e-10,
+            atol=1e-14,
+            err_msg=f"ranks of {rows} rows: not the gradient of the mean over all "
+            f"{sum(rows)} rows (a rank with more rows carries more of the mean)",
+        )
 
 
-def test_yarn_frequencies(fn):
-    settings = ((64, 8.0, 4096), (32, 4.0, 64), (128, 16.0, 2048), (16, 1.0, 512))
-    wants = [positional.rope_frequencies(hs, 10000.0, "yarn", s, L)[0] for hs, s, L in settings]
-    why = "build YaRN's frequencies from theta and the ramp yourself"
-    with (
-        forbidden(fn, positional, "rope_frequencies", why),
-        forbidden(fn, positional, "rope_tables", why),
-    ):
-        for (hs, s, L), want in zip(settings, wants, strict=True):
-            got = np.asarray(fn(hs, s, L))
-            assert got.shape == want.shape, f"head_size={hs}: want {want.shape}, got {got.shape}"
-            assert np.allclose(got, want, rtol=1e-6), (
-                f"head_size={hs}, factor={s}, original_context={L}: got\n{got}\nwant\n{want}\n"
-                f"(turns over the original context: L * theta_i / (2 pi); interpolate below 1 "
-                f"turn, keep above 32)"
+def library_slices(sizes: list[int], n_ranks: int, rank: int) -> list[tuple[int, int, int]]:
+    """decoder.training.dist's slices of ``rank``, from a DataParallel built without MPI."""
+    dist = object.__new__(DataParallel)  # _pieces reads only the rank and the size
+    dist.rank, dist.size = rank, n_ranks
+    params = [SimpleNamespace(data=np.empty(n)) for n in sizes]
+    optimizer = SimpleNamespace(param_groups=[{"params": params}])
+    return [(i, lo, hi) for i, _, _, _, (lo, hi) in dist._pieces(optimizer)]
+
+
+def test_zero_slices(fn):
+    cases = [([10, 1, 7, 6], 3), ([3, 4], 2), ([5], 4), ([4, 4], 1), ([1, 1, 1, 1, 1], 2)]
+    for sizes, n_ranks in cases:
+        with forbidden(fn, DataParallel, "_pieces", "cut the flat buffer yourself"):
+            got = [
+                [tuple(int(v) for v in s) for s in fn(sizes, n_ranks, r)] for r in range(n_ranks)
+            ]
+        owners = [np.zeros(n, dtype=int) for n in sizes]
+        for pieces in got:
+            for i, lo, hi in pieces:
+                owners[i][lo:hi] += 1
+        for i, owned in enumerate(owners):
+            assert (owned == 1).all(), (
+                f"sizes {sizes}, {n_ranks} ranks: elements {np.flatnonzero(owned != 1).tolist()} "
+                f"of parameter {i} are held by {owned[owned != 1].tolist()} ranks; each element "
+                "belongs to exactly one rank"
+            )
+        shard = -(-sum(sizes) // n_ranks)
+        for r, pieces in enumerate(got):
+            held = sum(hi - lo for _, lo, hi in pieces)
+            assert held <= shard, (
+                f"sizes {sizes}, {n_ranks} ranks: rank {r} holds {held} elements; equal slices "
+                f"of ceil({sum(sizes)} / {n_ranks}) = {shard} keep every rank's memory at 1/N"
+            )
+            want = library_slices(sizes, n_ranks, r)
+            assert pieces == want, f"sizes {sizes}, {n_ranks} ranks, rank {r}: {pieces} != {want}"
+
+
+def test_update_scale(fn):
+    flags = [True, True, True, True, False, True, True, False, False, True, True, True, True]
+    for growth_interval in (1, 3):
+        scaler = LossScaler("float16", init_scale=1024.0, growth_interval=growth_interval)
+        scale, clean = scaler.scale, scaler.clean_steps
+        for i, finite in enumerate(flags):
+            grad = np.array([1.0, 2.0 if finite else np.inf])
+            take = scaler.update([SimpleNamespace(grad=grad)])
+            with forbidden(fn, LossScaler, "update", "follow the rule yourself"):
+                scale, clean, step = fn(scale, clean, finite, growth_interval)
+            want = (scaler.scale, scaler.clean_steps, take)
+            assert (scale, clean, step) == want, (
+                f"growth_interval {growth_interval}, step {i} ({'clean' if finite else 'overflow'}"
+                f"): got (scale, clean_steps, take) = {(scale, clean, step)}, want {want}"
             )

@@ -1,60 +1,60 @@
-"""Reference answers to lesson 11 (LoRA): ``merged_weight``, ``block_diagonal`` and
-``lora_trainable_count``.
+"""Reference answers to lesson 11 (the capstone): ``block_forward``, ``decoder_forward``,
+``train_step`` and ``train_loop``.
 
 Reveal them in the notebook with ``%load solutions/lesson11.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from decoder.model.config import ModelConfig
-from minigrad.nn.lora import LoRALinear
+from minigrad import functional as F
+from minigrad.optim import clip_grad_norm_, set_lr
 
 
-def merged_weight(layer: LoRALinear) -> np.ndarray:
-    """W + s (A B)^T, shape (out, in), from the parts of an unmerged ``LoRALinear``."""
-    W = layer.base.weight.numpy()  # (out, in)
-    A, B = layer.A.numpy(), layer.B.numpy()  # (in, r), (r, out)
-    return W + layer.scale * (A @ B).T  # (in, out) -> (out, in), W's layout
+def block_forward(block: Any, x: Any) -> Any:
+    """A pre-norm block from its parts: x + attn(norm1(x)), then + ffn(norm2(x)). (B, T, C)."""
+    x = x + block.attn(block.norm1(x))  # tokens exchange information
+    return x + block.ffn(block.norm2(x))  # each token transformed on its own
 
 
-def block_diagonal(B: np.ndarray) -> np.ndarray:
-    """The block-diagonal matrix (h*r, h*d) with the blocks ``B[0], ..., B[h-1]`` of (h, r, d).
-
-    >>> block_diagonal(np.ones((2, 1, 2))).tolist()
-    [[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]
-    """
-    h, r, d = B.shape
-    out = np.zeros((h * r, h * d), dtype=B.dtype)
-    for i in range(h):
-        out[i * r : (i + 1) * r, i * d : (i + 1) * d] = B[i]  # head i's rows and columns
-    return out
+def decoder_forward(model: Any, ids: np.ndarray) -> Any:
+    """Logits (B, T, V) for ids (B, T), through ``block_forward`` for every block."""
+    B, T = ids.shape
+    x = model.tok_emb(ids)  # (B, T) -> (B, T, C)
+    x = x + model.pos_emb(T)  # (T, C) learned positions, broadcast over the batch
+    for block in model.blocks:
+        x = block_forward(block, x)
+    return model.lm_head(model.norm_f(x))  # (B, T, C) -> (B, T, V)
 
 
-def lora_trainable_count(
-    config: ModelConfig, targets: Sequence[str], r: int, per_head: bool = False
-) -> int:
-    """The trainable parameters ``apply_lora`` adds to ``Decoder(config)``.
+def train_step(model: Any, optimizer: Any, x: np.ndarray, y: np.ndarray, grad_clip: float) -> float:
+    """One AdamW step on the batch (x, y) through ``decoder_forward``; the loss before it."""
+    logits = decoder_forward(model, x)
+    B, T, V = logits.shape
+    loss = F.cross_entropy(logits.reshape(B * T, V), y.reshape(B * T))
+    optimizer.zero_grad()  # the previous step's gradients would add to these
+    loss.backward()
+    clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item()
 
-    >>> lora_trainable_count(ModelConfig(n_layer=4, n_embd=128), ("wq", "wv"), r=8)
-    16384
-    """
-    C, H = config.n_embd, config.ffn_hidden
-    kv = config.n_kv_head * config.head_size  # wk's and wv's output width
-    shapes = {"wq": (C, C), "wk": (C, kv), "wv": (C, kv), "wo": (C, C), "w1": (C, H), "w2": (H, C)}
-    if config.ffn == "swiglu":
-        shapes["w3"] = (C, H)
-    heads = {"wq": config.n_head, "wk": config.n_kv_head, "wv": config.n_kv_head}
-    heads["wo"] = config.n_head
-    per_block = 0
-    for name in targets:
-        n_in, n_out = shapes[name]
-        if per_head:  # h adapters: A_i (in, r) and B_i (r, out / h)
-            h = heads[name]
-            per_block += h * r * (n_in + n_out // h)
-        else:  # A (in, r) and B (r, out)
-            per_block += r * (n_in + n_out)
-    return config.n_layer * per_block
+
+def train_loop(
+    model: Any,
+    optimizer: Any,
+    get_batch: Callable[[], tuple[np.ndarray, np.ndarray]],
+    steps: int,
+    lr_at: Callable[[int], float],
+    grad_clip: float = 1.0,
+) -> list[float]:
+    """``steps`` steps of ``train_step``, step s at learning rate ``lr_at(s)``; the losses."""
+    losses = []
+    for s in range(steps):
+        set_lr(optimizer, lr_at(s))  # before the step that uses it
+        x, y = get_batch()
+        losses.append(train_step(model, optimizer, x, y, grad_clip))
+    return losses

@@ -1,41 +1,37 @@
-"""Reference answers to the exercises of lesson 12 (on the GPU).
+"""Reference answers to the exercises of lesson 12 (flash attention).
 
 Reveal one in the notebook with ``%load solutions/lesson12.py``.
 """
 
-from typing import Any
+import math
+from collections.abc import Iterable
 
-from minigrad.autograd import Function
-from minigrad.backend import xp_of
-from minigrad.tensor import Tensor
-
-
-def logsumexp(a: Any) -> Any:
-    """log(sum(exp(a), axis=-1)) for a NumPy or CuPy array: (..., n) -> (...)."""
-    xp = xp_of(a)  # numpy or cupy, whichever owns a
-    m = a.max(axis=-1, keepdims=True)  # (..., n) -> (..., 1); the largest exp becomes e^0
-    return m[..., 0] + xp.log(xp.exp(a - m).sum(axis=-1))  # (..., 1) -> (...)
+import numpy as np
 
 
-class Softplus(Function):
-    """y = log(1 + e^x) = max(x, 0) + log(1 + e^-|x|);  dy/dx = sigmoid(x)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        xp = xp_of(x)
-        ctx.save_for_backward(x)
-        # e^-|x| is in (0, 1]: neither form overflows, whatever the sign of x
-        return xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x)))
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved
-        xp = xp_of(x)
-        e = xp.exp(-xp.abs(x))
-        sigmoid = xp.where(x >= 0, 1 / (1 + e), e / (1 + e))  # stable for both signs
-        return grad_out * sigmoid
+def online_softmax(tiles: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
+    """softmax(scores) @ values and logsumexp(scores), from (s, v) tiles of keys read once."""
+    m, l, acc = -math.inf, 0.0, 0.0
+    for s, v in tiles:  # (bk,), (bk, hs): valid until the next tile is read
+        m_new = max(m, float(s.max()))
+        # subtle: while every key so far is masked, m_new = -inf and s - m_new would be
+        # -inf - -inf = NaN; re-basing on 0 gives p = 0 and alpha = 0, which is the truth.
+        m_safe = 0.0 if m_new == -math.inf else m_new
+        alpha = math.exp(m - m_safe)  # re-bases the old l and acc on the new max
+        p = np.exp(s - m_safe)  # (bk,)
+        l = alpha * l + p.sum()
+        acc = alpha * acc + p @ v  # (bk,) @ (bk, hs) -> (hs,): a new array, not a view
+        m = m_new
+    return acc / l, m + math.log(l)
 
 
-def softplus(x: Tensor) -> Tensor:
-    """log(1 + exp(x)), elementwise, on x's device."""
-    return Softplus.apply(x)
+def merge_states(
+    state_a: tuple[float, float, np.ndarray], state_b: tuple[float, float, np.ndarray]
+) -> tuple[float, float, np.ndarray]:
+    """Merge two online-softmax states (m, l, acc) of one row over disjoint sets of keys."""
+    m_a, l_a, acc_a = state_a
+    m_b, l_b, acc_b = state_b
+    m = max(m_a, m_b)
+    # re-base both on the common max: exp(s - m_a) * exp(m_a - m) = exp(s - m)
+    alpha_a, alpha_b = math.exp(m_a - m), math.exp(m_b - m)
+    return m, alpha_a * l_a + alpha_b * l_b, alpha_a * acc_a + alpha_b * acc_b

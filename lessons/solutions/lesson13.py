@@ -1,4 +1,5 @@
-"""Reference answers to lesson 13 (debugging habits): ``grad_rms`` and ``update_ratios``.
+"""Reference answers to lesson 13 (newer attention): ``window_mask``, ``absorb_query`` and
+``yarn_frequencies``.
 
 Reveal them in the notebook with ``%load solutions/lesson13.py``.
 """
@@ -10,32 +11,44 @@ import math
 import numpy as np
 
 
-def grad_rms(named_params: list[tuple[str, object]]) -> dict[str, float]:
-    """The root mean square of each parameter's gradient, by name (0.0 for no gradient).
+def window_mask(T: int, W: int) -> np.ndarray:
+    """(T, T) bool, True where query i may not see key j: the future (j > i) and everything
+    W or more positions back (j <= i - W), so each query sees its last W positions.
 
-    >>> import minigrad as mg
-    >>> w = mg.tensor([3.0, -4.0], requires_grad=True)
-    >>> w.grad = np.array([3.0, -4.0])
-    >>> round(grad_rms([("w", w)])["w"], 4)
-    3.5355
+    >>> window_mask(4, 2).astype(int)
+    array([[0, 1, 1, 1],
+           [0, 0, 1, 1],
+           [1, 0, 0, 1],
+           [1, 1, 0, 0]])
     """
-    rms = {}
-    for name, p in named_params:
-        g = p.grad
-        rms[name] = 0.0 if g is None else float(np.sqrt(np.mean(np.square(g))))  # not the std
-    return rms
+    i = np.arange(T)[:, None]  # (T, 1) the query's position
+    j = np.arange(T)[None, :]  # (1, T) the key's position
+    return (j > i) | (j <= i - W)  # (T, T)
 
 
-def update_ratios(before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> dict[str, float]:
-    """log10(rms(after - before) / rms(before)) per name: how big a step was, relative to the
-    weights it changed (inf for weights that were all zero, such as a fresh bias).
+def absorb_query(q_nope: np.ndarray, w_uk: np.ndarray) -> np.ndarray:
+    """The queries moved into the latent space: W_UK_h^T q_h for every head, so that
+    q_latent . c_KV equals q . (W_UK_h c_KV), the score against the up-projected key.
 
-    >>> round(update_ratios({"w": np.array([1.0, -1.0])}, {"w": np.array([1.001, -1.001])})["w"], 6)
-    -3.0
+    q_nope (B, nh, T, d_nope), w_uk (nh, d_nope, d_c) -> (B, nh, T, d_c).
+
+    >>> absorb_query(np.ones((1, 2, 1, 3)), np.ones((2, 3, 4))).shape
+    (1, 2, 1, 4)
     """
-    ratios = {}
-    for name, old in before.items():
-        scale = np.sqrt(np.mean(np.square(old)))
-        step = np.sqrt(np.mean(np.square(after[name] - old)))
-        ratios[name] = float(np.log10(step / scale)) if scale > 0 else math.inf
-    return ratios
+    return q_nope @ w_uk  # (B, nh, T, dn) @ (nh, dn, dc) -> (B, nh, T, dc), per head
+
+
+def yarn_frequencies(
+    head_size: int, factor: float, original_context: int, theta: float = 10000.0
+) -> np.ndarray:
+    """YaRN's RoPE frequencies (head_size / 2,): pairs that turn fewer than 1 time over the
+    original context divided by ``factor``, pairs that turn more than 32 times kept, a linear
+    ramp in the turns between.
+
+    >>> yarn_frequencies(4, factor=4, original_context=64).round(4).tolist()
+    [0.4722, 0.0025]
+    """
+    freqs = theta ** -(np.arange(0, head_size, 2) / head_size)  # (hs/2,) radians per position
+    turns = original_context * freqs / (2 * math.pi)  # full turns over the original context
+    gamma = np.clip((turns - 1.0) / (32.0 - 1.0), 0.0, 1.0)  # 0: interpolate, 1: keep
+    return (1 - gamma) * freqs / factor + gamma * freqs

@@ -1,53 +1,60 @@
-"""Reference answers to lesson 15 (loading a real model): ``read_header``, ``split_c_attn``
-and ``bfloat16_to_float32``.
+"""Reference answers to lesson 15 (LoRA): ``merged_weight``, ``block_diagonal`` and
+``lora_trainable_count``.
 
 Reveal them in the notebook with ``%load solutions/lesson15.py``.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 
 import numpy as np
 
+from decoder.model.config import ModelConfig
+from minigrad.nn.lora import LoRALinear
 
-def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{name: (dtype, shape)} of every tensor in a safetensors file, reading only its header.
 
-    >>> import os, tempfile
-    >>> from minigrad.serialization import save_safetensors
-    >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
-    >>> save_safetensors(path, {"w": np.zeros((2, 3), np.float32)}, {"step": "1"})
-    >>> read_header(path)
-    {'w': ('F32', (2, 3))}
+def merged_weight(layer: LoRALinear) -> np.ndarray:
+    """W + s (A B)^T, shape (out, in), from the parts of an unmerged ``LoRALinear``."""
+    W = layer.base.weight.numpy()  # (out, in)
+    A, B = layer.A.numpy(), layer.B.numpy()  # (in, r), (r, out)
+    return W + layer.scale * (A @ B).T  # (in, out) -> (out, in), W's layout
+
+
+def block_diagonal(B: np.ndarray) -> np.ndarray:
+    """The block-diagonal matrix (h*r, h*d) with the blocks ``B[0], ..., B[h-1]`` of (h, r, d).
+
+    >>> block_diagonal(np.ones((2, 1, 2))).tolist()
+    [[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]
     """
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")  # the header's length: 8 bytes, little-endian
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)  # string metadata, not a tensor
-    return {name: (e["dtype"], tuple(e["shape"])) for name, e in header.items()}
+    h, r, d = B.shape
+    out = np.zeros((h * r, h * d), dtype=B.dtype)
+    for i in range(h):
+        out[i * r : (i + 1) * r, i * d : (i + 1) * d] = B[i]  # head i's rows and columns
+    return out
 
 
-def split_c_attn(weight: np.ndarray, bias: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """GPT-2's fused ``c_attn`` (a Conv1D: weight (C, 3C), bias (3C,)) as our three Linears:
-    ([W_Q, W_K, W_V] each (C, C) as (out, in), [b_Q, b_K, b_V] each (C,)).
+def lora_trainable_count(
+    config: ModelConfig, targets: Sequence[str], r: int, per_head: bool = False
+) -> int:
+    """The trainable parameters ``apply_lora`` adds to ``Decoder(config)``.
 
-    >>> ws, bs = split_c_attn(np.arange(12.0).reshape(2, 6), np.arange(6.0))
-    >>> ws[0].tolist(), bs[2].tolist()
-    ([[0.0, 6.0], [1.0, 7.0]], [4.0, 5.0])
+    >>> lora_trainable_count(ModelConfig(n_layer=4, n_embd=128), ("wq", "wv"), r=8)
+    16384
     """
-    C = weight.shape[0]
-    # x @ weight computes [q | k | v] side by side: each third of the columns is one projection
-    weights = [weight[:, k * C : (k + 1) * C].T for k in range(3)]  # (C, C) (in, out) -> (out, in)
-    biases = [bias[k * C : (k + 1) * C] for k in range(3)]
-    return weights, biases
-
-
-def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 values, given as their uint16 bit patterns, as float32 with the same values.
-
-    >>> bfloat16_to_float32(np.array([0x3F80, 0xC040], dtype=np.uint16))
-    array([ 1., -3.], dtype=float32)
-    """
-    # a bfloat16 is the top 16 bits of a float32: put them back on top, zeros below
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    C, H = config.n_embd, config.ffn_hidden
+    kv = config.n_kv_head * config.head_size  # wk's and wv's output width
+    shapes = {"wq": (C, C), "wk": (C, kv), "wv": (C, kv), "wo": (C, C), "w1": (C, H), "w2": (H, C)}
+    if config.ffn == "swiglu":
+        shapes["w3"] = (C, H)
+    heads = {"wq": config.n_head, "wk": config.n_kv_head, "wv": config.n_kv_head}
+    heads["wo"] = config.n_head
+    per_block = 0
+    for name in targets:
+        n_in, n_out = shapes[name]
+        if per_head:  # h adapters: A_i (in, r) and B_i (r, out / h)
+            h = heads[name]
+            per_block += h * r * (n_in + n_out // h)
+        else:  # A (in, r) and B (r, out)
+            per_block += r * (n_in + n_out)
+    return config.n_layer * per_block

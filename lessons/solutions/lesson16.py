@@ -1,62 +1,53 @@
-"""Reference answers to lesson 16 (training past one process): ``global_mean_grad``,
-``zero_slices`` and ``update_scale``.
+"""Reference answers to lesson 16 (loading a real model): ``read_header``, ``split_c_attn``
+and ``bfloat16_to_float32``.
 
 Reveal them in the notebook with ``%load solutions/lesson16.py``.
 """
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 
-def global_mean_grad(rank_grads: list[np.ndarray], rank_rows: list[int]) -> np.ndarray:
-    """The gradient of the mean loss over every rank's rows, from each rank's gradient of the
-    mean over its own ``rank_rows[r]`` rows: a mean of means weighted by the rows behind each.
+def read_header(path: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (dtype, shape)} of every tensor in a safetensors file, reading only its header.
 
-    >>> global_mean_grad([np.array([1.0]), np.array([4.0])], [1, 2])
-    array([3.])
+    >>> import os, tempfile
+    >>> from minigrad.serialization import save_safetensors
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> save_safetensors(path, {"w": np.zeros((2, 3), np.float32)}, {"step": "1"})
+    >>> read_header(path)
+    {'w': ('F32', (2, 3))}
     """
-    total = sum(rank_rows)
-    # rank r's mean times its rows is its sum; the sums add up, and the total divides them
-    return sum(n * g for g, n in zip(rank_grads, rank_rows, strict=True)) / total
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")  # the header's length: 8 bytes, little-endian
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)  # string metadata, not a tensor
+    return {name: (e["dtype"], tuple(e["shape"])) for name, e in header.items()}
 
 
-def zero_slices(sizes: list[int], n_ranks: int, rank: int) -> list[tuple[int, int, int]]:
-    """ZeRO-1's share of ``rank``: the parameters (of ``sizes`` elements each, laid end to end
-    in one flat buffer) that overlap its equal slice of ceil(total / n_ranks) elements, as
-    (index, lo, hi) with ``lo:hi`` the overlap's place inside the parameter.
+def split_c_attn(weight: np.ndarray, bias: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """GPT-2's fused ``c_attn`` (a Conv1D: weight (C, 3C), bias (3C,)) as our three Linears:
+    ([W_Q, W_K, W_V] each (C, C) as (out, in), [b_Q, b_K, b_V] each (C,)).
 
-    >>> zero_slices([3, 4], 2, 0)
-    [(0, 0, 3), (1, 0, 1)]
-    >>> zero_slices([3, 4], 2, 1)
-    [(1, 1, 4)]
+    >>> ws, bs = split_c_attn(np.arange(12.0).reshape(2, 6), np.arange(6.0))
+    >>> ws[0].tolist(), bs[2].tolist()
+    ([[0.0, 6.0], [1.0, 7.0]], [4.0, 5.0])
     """
-    shard = -(-sum(sizes) // n_ranks)  # ceil: the last slice may run past the end, into padding
-    mine_lo, mine_hi = rank * shard, (rank + 1) * shard
-    pieces, offset = [], 0
-    for i, n in enumerate(sizes):
-        lo, hi = max(offset, mine_lo), min(offset + n, mine_hi)
-        if lo < hi:
-            pieces.append((i, lo - offset, hi - offset))
-        offset += n
-    return pieces
+    C = weight.shape[0]
+    # x @ weight computes [q | k | v] side by side: each third of the columns is one projection
+    weights = [weight[:, k * C : (k + 1) * C].T for k in range(3)]  # (C, C) (in, out) -> (out, in)
+    biases = [bias[k * C : (k + 1) * C] for k in range(3)]
+    return weights, biases
 
 
-def update_scale(
-    scale: float, clean_steps: int, finite: bool, growth_interval: int
-) -> tuple[float, int, bool]:
-    """One step of dynamic loss scaling: (new scale, new clean-step count, take the step?).
-    An overflow halves the scale, resets the count and skips the step; the
-    ``growth_interval``-th clean step in a row doubles the scale and resets the count.
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 values, given as their uint16 bit patterns, as float32 with the same values.
 
-    >>> update_scale(1024.0, 0, False, 3)
-    (512.0, 0, False)
-    >>> update_scale(1024.0, 2, True, 3)
-    (2048.0, 0, True)
+    >>> bfloat16_to_float32(np.array([0x3F80, 0xC040], dtype=np.uint16))
+    array([ 1., -3.], dtype=float32)
     """
-    if not finite:
-        return scale * 0.5, 0, False
-    clean_steps += 1
-    if clean_steps == growth_interval:
-        return scale * 2.0, 0, True
-    return scale, clean_steps, True
+    # a bfloat16 is the top 16 bits of a float32: put them back on top, zeros below
+    return (bits.astype(np.uint32) << 16).view(np.float32)

@@ -1,54 +1,62 @@
-"""Reference answers to lesson 17 (newer attention): ``window_mask``, ``absorb_query`` and
-``yarn_frequencies``.
+"""Reference answers to lesson 17 (training past one process): ``global_mean_grad``,
+``zero_slices`` and ``update_scale``.
 
 Reveal them in the notebook with ``%load solutions/lesson17.py``.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
-def window_mask(T: int, W: int) -> np.ndarray:
-    """(T, T) bool, True where query i may not see key j: the future (j > i) and everything
-    W or more positions back (j <= i - W), so each query sees its last W positions.
+def global_mean_grad(rank_grads: list[np.ndarray], rank_rows: list[int]) -> np.ndarray:
+    """The gradient of the mean loss over every rank's rows, from each rank's gradient of the
+    mean over its own ``rank_rows[r]`` rows: a mean of means weighted by the rows behind each.
 
-    >>> window_mask(4, 2).astype(int)
-    array([[0, 1, 1, 1],
-           [0, 0, 1, 1],
-           [1, 0, 0, 1],
-           [1, 1, 0, 0]])
+    >>> global_mean_grad([np.array([1.0]), np.array([4.0])], [1, 2])
+    array([3.])
     """
-    i = np.arange(T)[:, None]  # (T, 1) the query's position
-    j = np.arange(T)[None, :]  # (1, T) the key's position
-    return (j > i) | (j <= i - W)  # (T, T)
+    total = sum(rank_rows)
+    # rank r's mean times its rows is its sum; the sums add up, and the total divides them
+    return sum(n * g for g, n in zip(rank_grads, rank_rows, strict=True)) / total
 
 
-def absorb_query(q_nope: np.ndarray, w_uk: np.ndarray) -> np.ndarray:
-    """The queries moved into the latent space: W_UK_h^T q_h for every head, so that
-    q_latent . c_KV equals q . (W_UK_h c_KV), the score against the up-projected key.
+def zero_slices(sizes: list[int], n_ranks: int, rank: int) -> list[tuple[int, int, int]]:
+    """ZeRO-1's share of ``rank``: the parameters (of ``sizes`` elements each, laid end to end
+    in one flat buffer) that overlap its equal slice of ceil(total / n_ranks) elements, as
+    (index, lo, hi) with ``lo:hi`` the overlap's place inside the parameter.
 
-    q_nope (B, nh, T, d_nope), w_uk (nh, d_nope, d_c) -> (B, nh, T, d_c).
-
-    >>> absorb_query(np.ones((1, 2, 1, 3)), np.ones((2, 3, 4))).shape
-    (1, 2, 1, 4)
+    >>> zero_slices([3, 4], 2, 0)
+    [(0, 0, 3), (1, 0, 1)]
+    >>> zero_slices([3, 4], 2, 1)
+    [(1, 1, 4)]
     """
-    return q_nope @ w_uk  # (B, nh, T, dn) @ (nh, dn, dc) -> (B, nh, T, dc), per head
+    shard = -(-sum(sizes) // n_ranks)  # ceil: the last slice may run past the end, into padding
+    mine_lo, mine_hi = rank * shard, (rank + 1) * shard
+    pieces, offset = [], 0
+    for i, n in enumerate(sizes):
+        lo, hi = max(offset, mine_lo), min(offset + n, mine_hi)
+        if lo < hi:
+            pieces.append((i, lo - offset, hi - offset))
+        offset += n
+    return pieces
 
 
-def yarn_frequencies(
-    head_size: int, factor: float, original_context: int, theta: float = 10000.0
-) -> np.ndarray:
-    """YaRN's RoPE frequencies (head_size / 2,): pairs that turn fewer than 1 time over the
-    original context divided by ``factor``, pairs that turn more than 32 times kept, a linear
-    ramp in the turns between.
+def update_scale(
+    scale: float, clean_steps: int, finite: bool, growth_interval: int
+) -> tuple[float, int, bool]:
+    """One step of dynamic loss scaling: (new scale, new clean-step count, take the step?).
+    An overflow halves the scale, resets the count and skips the step; the
+    ``growth_interval``-th clean step in a row doubles the scale and resets the count.
 
-    >>> yarn_frequencies(4, factor=4, original_context=64).round(4).tolist()
-    [0.4722, 0.0025]
+    >>> update_scale(1024.0, 0, False, 3)
+    (512.0, 0, False)
+    >>> update_scale(1024.0, 2, True, 3)
+    (2048.0, 0, True)
     """
-    freqs = theta ** -(np.arange(0, head_size, 2) / head_size)  # (hs/2,) radians per position
-    turns = original_context * freqs / (2 * math.pi)  # full turns over the original context
-    gamma = np.clip((turns - 1.0) / (32.0 - 1.0), 0.0, 1.0)  # 0: interpolate, 1: keep
-    return (1 - gamma) * freqs / factor + gamma * freqs
+    if not finite:
+        return scale * 0.5, 0, False
+    clean_steps += 1
+    if clean_steps == growth_interval:
+        return scale * 2.0, 0, True
+    return scale, clean_steps, True

@@ -24,10 +24,10 @@ from solutions import (
     lesson07,
     lesson08,
     lesson09,
+    lesson10,
     lesson11,
-    lesson13,
-    lesson14,
     lesson15,
+    lesson16,
 )
 
 import minigrad as mg
@@ -305,7 +305,7 @@ def greedy_cached_without_cache(model, ids, n):
     return lesson09.greedy_generate(model, ids, n)
 
 
-# ---- lesson 10 ---------------------------------------------------------------------------------
+# ---- lesson 12 ---------------------------------------------------------------------------------
 def online_softmax_whole_row(tiles):
     """Gathers every tile, then one softmax over the row: nothing online about it."""
     s, v = zip(*tiles, strict=True)
@@ -339,7 +339,7 @@ def merge_states_no_rescale(state_a, state_b):
     return max(m_a, m_b), l_a + l_b, acc_a + acc_b
 
 
-# ---- lesson 11 ---------------------------------------------------------------------------------
+# ---- lesson 15 ---------------------------------------------------------------------------------
 def merged_with_delta_weight(layer):
     return layer.base.weight.numpy() + layer.delta_weight().T
 
@@ -357,10 +357,10 @@ def block_diagonal_transposed(B):
 
 
 def lora_count_per_head_ignored(config, targets, r, per_head=False):
-    return lesson11.lora_trainable_count(config, targets, r, per_head=False)
+    return lesson15.lora_trainable_count(config, targets, r, per_head=False)
 
 
-# ---- lesson 12 ---------------------------------------------------------------------------------
+# ---- lesson 14 ---------------------------------------------------------------------------------
 def logsumexp_numpy_only(a):
     m = a.max(axis=-1, keepdims=True)
     return m[..., 0] + np.log(np.exp(a - m).sum(axis=-1))  # np, not xp_of(a)
@@ -388,7 +388,7 @@ def softplus_wrong_gradient(x):
     return SoftplusWrongGradient.apply(x)
 
 
-# ---- lesson 13 ---------------------------------------------------------------------------------
+# ---- lesson 10 ---------------------------------------------------------------------------------
 def grad_rms_as_std(named_params):
     return {n: 0.0 if p.grad is None else float(np.std(p.grad)) for n, p in named_params}
 
@@ -400,10 +400,10 @@ def update_ratios_by_std(before, after):
 
 
 def update_ratios_not_logged(before, after):
-    return {n: 10**r for n, r in lesson13.update_ratios(before, after).items()}
+    return {n: 10**r for n, r in lesson10.update_ratios(before, after).items()}
 
 
-# ---- lesson 14 ---------------------------------------------------------------------------------
+# ---- lesson 11 ---------------------------------------------------------------------------------
 def block_post_norm(block, x):
     x = block.norm1(x + block.attn(x))
     return block.norm2(x + block.ffn(x))
@@ -420,7 +420,7 @@ def block_library(block, x):
 def decoder_without_positions(model, ids):
     x = model.tok_emb(ids)
     for block in model.blocks:
-        x = lesson14.block_forward(block, x)
+        x = lesson11.block_forward(block, x)
     return model.lm_head(model.norm_f(x))
 
 
@@ -429,7 +429,7 @@ def decoder_library(model, ids):
 
 
 def train_step_without_zero_grad(model, optimizer, x, y, grad_clip):
-    logits = lesson14.decoder_forward(model, x)
+    logits = lesson11.decoder_forward(model, x)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
     loss.backward()  # onto the previous step's gradients
     clip_grad_norm_(model.parameters(), grad_clip)
@@ -442,18 +442,18 @@ def train_step_library(model, optimizer, x, y, grad_clip):
 
 
 def train_loop_without_schedule(model, optimizer, get_batch, steps, lr_at, grad_clip=1.0):
-    return [lesson14.train_step(model, optimizer, *get_batch(), grad_clip) for _ in range(steps)]
+    return [lesson11.train_step(model, optimizer, *get_batch(), grad_clip) for _ in range(steps)]
 
 
 def train_loop_rate_after_step(model, optimizer, get_batch, steps, lr_at, grad_clip=1.0):
     losses = []
     for s in range(steps):
-        losses.append(lesson14.train_step(model, optimizer, *get_batch(), grad_clip))
+        losses.append(lesson11.train_step(model, optimizer, *get_batch(), grad_clip))
         set_lr(optimizer, lr_at(s))  # one step late: step 0 runs at the optimiser's own rate
     return losses
 
 
-# ---- lesson 15 ---------------------------------------------------------------------------------
+# ---- lesson 16 ---------------------------------------------------------------------------------
 def read_header_shapes_as_lists(path):
     with open(path, "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
@@ -467,7 +467,7 @@ def read_header_library(path):
 
 
 def split_c_attn_untransposed(weight, bias):
-    weights, biases = lesson15.split_c_attn(weight, bias)
+    weights, biases = lesson16.split_c_attn(weight, bias)
     return [w.T for w in weights], biases  # each third left in Conv1D's (in, out)
 
 
@@ -493,7 +493,7 @@ def bfloat16_library(bits):
     return bfloat16_to_float32(bits)
 
 
-# ---- lesson 16 ---------------------------------------------------------------------------------
+# ---- lesson 17 ---------------------------------------------------------------------------------
 def global_mean_grad_unweighted(rank_grads, rank_rows):
     return np.mean(rank_grads, axis=0)  # a mean of means: right only when the ranks are equal
 
@@ -536,7 +536,7 @@ def update_scale_steps_anyway(scale, clean_steps, finite, growth_interval):
     return scale, clean_steps, True
 
 
-# ---- lesson 17 ---------------------------------------------------------------------------------
+# ---- lesson 13 ---------------------------------------------------------------------------------
 def window_mask_off_by_one(T, W):
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
     return (j > i) | (j < i - W)  # each query sees W + 1 positions
@@ -734,51 +734,51 @@ WRONG = [
     ("lesson09", "greedy_generate", greedy_with_generate),
     ("lesson09", "greedy_generate", greedy_uncropped),
     ("lesson09", "greedy_generate_cached", greedy_cached_without_cache),
-    ("lesson10", "online_softmax", online_softmax_whole_row),
-    ("lesson10", "online_softmax", online_softmax_global_max_first),
-    ("lesson10", "online_softmax", online_softmax_no_rescale),
-    ("lesson10", "merge_states", merge_states_no_rescale),
-    ("lesson11", "merged_weight", merged_with_delta_weight),
-    ("lesson11", "merged_weight", merged_without_scale),
-    ("lesson11", "block_diagonal", block_diagonal_transposed),
-    ("lesson11", "lora_trainable_count", lora_count_per_head_ignored),
-    ("lesson12", "logsumexp", logsumexp_numpy_only),
-    ("lesson12", "logsumexp", logsumexp_unshifted),
-    ("lesson12", "softplus", softplus_wrong_gradient),
-    ("lesson13", "grad_rms", grad_rms_as_std),
-    ("lesson13", "update_ratios", update_ratios_by_std),
-    ("lesson13", "update_ratios", update_ratios_not_logged),
-    ("lesson14", "block_forward", block_post_norm),
-    ("lesson14", "block_forward", block_without_residual),
-    ("lesson14", "block_forward", block_library),
-    ("lesson14", "decoder_forward", decoder_without_positions),
-    ("lesson14", "decoder_forward", decoder_library),
-    ("lesson14", "train_step", train_step_without_zero_grad),
-    ("lesson14", "train_step", train_step_library),
-    ("lesson14", "train_loop", train_loop_without_schedule),
-    ("lesson14", "train_loop", train_loop_rate_after_step),
-    ("lesson15", "read_header", read_header_shapes_as_lists),
-    ("lesson15", "read_header", read_header_library),
-    ("lesson15", "split_c_attn", split_c_attn_untransposed),
-    ("lesson15", "split_c_attn", split_c_attn_interleaved),
-    ("lesson15", "split_c_attn", split_c_attn_library),
-    ("lesson15", "bfloat16_to_float32", bfloat16_by_value),
-    ("lesson15", "bfloat16_to_float32", bfloat16_as_float16),
-    ("lesson15", "bfloat16_to_float32", bfloat16_library),
-    ("lesson16", "global_mean_grad", global_mean_grad_unweighted),
-    ("lesson16", "global_mean_grad", global_mean_grad_library),
-    ("lesson16", "zero_slices", zero_slices_floor),
-    ("lesson16", "zero_slices", zero_slices_whole_parameters),
-    ("lesson16", "update_scale", update_scale_keeps_count),
-    ("lesson16", "update_scale", update_scale_steps_anyway),
-    ("lesson17", "window_mask", window_mask_off_by_one),
-    ("lesson17", "window_mask", window_mask_two_sided),
-    ("lesson17", "window_mask", window_mask_library),
-    ("lesson17", "absorb_query", absorb_query_one_head),
-    ("lesson17", "absorb_query", absorb_query_explicit_keys),
-    ("lesson17", "yarn_frequencies", yarn_ramp_reversed),
-    ("lesson17", "yarn_frequencies", yarn_turns_without_two_pi),
-    ("lesson17", "yarn_frequencies", yarn_library),
+    ("lesson12", "online_softmax", online_softmax_whole_row),
+    ("lesson12", "online_softmax", online_softmax_global_max_first),
+    ("lesson12", "online_softmax", online_softmax_no_rescale),
+    ("lesson12", "merge_states", merge_states_no_rescale),
+    ("lesson15", "merged_weight", merged_with_delta_weight),
+    ("lesson15", "merged_weight", merged_without_scale),
+    ("lesson15", "block_diagonal", block_diagonal_transposed),
+    ("lesson15", "lora_trainable_count", lora_count_per_head_ignored),
+    ("lesson14", "logsumexp", logsumexp_numpy_only),
+    ("lesson14", "logsumexp", logsumexp_unshifted),
+    ("lesson14", "softplus", softplus_wrong_gradient),
+    ("lesson10", "grad_rms", grad_rms_as_std),
+    ("lesson10", "update_ratios", update_ratios_by_std),
+    ("lesson10", "update_ratios", update_ratios_not_logged),
+    ("lesson11", "block_forward", block_post_norm),
+    ("lesson11", "block_forward", block_without_residual),
+    ("lesson11", "block_forward", block_library),
+    ("lesson11", "decoder_forward", decoder_without_positions),
+    ("lesson11", "decoder_forward", decoder_library),
+    ("lesson11", "train_step", train_step_without_zero_grad),
+    ("lesson11", "train_step", train_step_library),
+    ("lesson11", "train_loop", train_loop_without_schedule),
+    ("lesson11", "train_loop", train_loop_rate_after_step),
+    ("lesson16", "read_header", read_header_shapes_as_lists),
+    ("lesson16", "read_header", read_header_library),
+    ("lesson16", "split_c_attn", split_c_attn_untransposed),
+    ("lesson16", "split_c_attn", split_c_attn_interleaved),
+    ("lesson16", "split_c_attn", split_c_attn_library),
+    ("lesson16", "bfloat16_to_float32", bfloat16_by_value),
+    ("lesson16", "bfloat16_to_float32", bfloat16_as_float16),
+    ("lesson16", "bfloat16_to_float32", bfloat16_library),
+    ("lesson17", "global_mean_grad", global_mean_grad_unweighted),
+    ("lesson17", "global_mean_grad", global_mean_grad_library),
+    ("lesson17", "zero_slices", zero_slices_floor),
+    ("lesson17", "zero_slices", zero_slices_whole_parameters),
+    ("lesson17", "update_scale", update_scale_keeps_count),
+    ("lesson17", "update_scale", update_scale_steps_anyway),
+    ("lesson13", "window_mask", window_mask_off_by_one),
+    ("lesson13", "window_mask", window_mask_two_sided),
+    ("lesson13", "window_mask", window_mask_library),
+    ("lesson13", "absorb_query", absorb_query_one_head),
+    ("lesson13", "absorb_query", absorb_query_explicit_keys),
+    ("lesson13", "yarn_frequencies", yarn_ramp_reversed),
+    ("lesson13", "yarn_frequencies", yarn_turns_without_two_pi),
+    ("lesson13", "yarn_frequencies", yarn_library),
     ("lesson18", "kv_bytes_per_token", kv_bytes_all_heads),
     ("lesson18", "kv_bytes_per_token", kv_bytes_mla_without_rotary_key),
     ("lesson18", "kv_bytes_per_token", kv_bytes_library),

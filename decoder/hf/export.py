@@ -9,10 +9,15 @@ zero biases of GPT-2's layout, and a ``tokenizer.json`` for the model's tokenize
   vocabulary is the characters, its special tokens are added tokens, and with no normaliser or
   pre-tokenizer the text splits into characters; the ``Fuse`` decoder joins them back without
   spaces. ``PreTrainedTokenizerFast`` gives our ids; ``read_char_tokenizer`` reads it back.
+- A byte-level BPE (ours, decoder.text.bpe.BPETokenizer, or a tiktoken encoding beside a
+  Llama-family model) is written as Llama 3 ships its own (``byte_bpe_tokenizer_json``): the
+  split pattern as a ``Split`` pre-tokenizer, then ``ByteLevel`` writing each byte as GPT-2's
+  printable character, a vocabulary of those strings, and the merges recovered from the ranks.
+  ``ignore_merges`` keeps a chunk that is a token whole, as tiktoken does.
 - A tokenizer read from a ``tokenizer.json`` (a loaded Llama-family model) is copied as it is.
 
-Left out on purpose: our byte-level BPE and tiktoken's encodings (a GPT-2 model loads with
-tiktoken's ``gpt2``; a Llama with another tokenizer is saved without one, and said so).
+A GPT-2 with tiktoken's ``gpt2`` is saved without a tokenizer.json: ``load_pretrained`` uses
+tiktoken's, as transformers uses the hub's.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from decoder.hf.config import PretrainedError
+from decoder.hf.tokenizer import BYTE_CHARS
 from decoder.model.config import ModelConfig
 from decoder.text.tokenizer import CharTokenizer
 from minigrad.fileio import parse_json
@@ -72,16 +78,11 @@ def char_tokenizer_json(tokenizer: CharTokenizer) -> dict[str, Any]:
     >>> spec["model"]["vocab"], spec["decoder"]
     ({'a': 0, 'b': 1}, {'type': 'Fuse'})
     """
-    added = [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
-        for t, i in tokenizer.special_tokens.items()
-    ]  # fmt: skip
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": added,
+        "added_tokens": _added_tokens(tokenizer.special_tokens),
         "normalizer": None,
         "pre_tokenizer": None,
         "post_processor": None,
@@ -96,6 +97,100 @@ def char_tokenizer_json(tokenizer: CharTokenizer) -> dict[str, Any]:
             "byte_fallback": False,
             "vocab": tokenizer.stoi,
             "merges": [],
+        },
+    }
+
+
+def _added_tokens(special_tokens: dict[str, int]) -> list[dict[str, Any]]:
+    """tokenizer.json's ``added_tokens``: each special token, matched whole, never split."""
+    return [
+        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}
+        for t, i in special_tokens.items()
+    ]  # fmt: skip
+
+
+def _merge_of(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
+    """The two tokens byte-level BPE joins last to make ``token``: merge its bytes by rank,
+    lowest first, using only tokens ranked below it, until two are left.
+
+    >>> _merge_of(b"aab", 258, {b"a": 97, b"b": 98, b"aa": 256, b"ab": 257})  # "aa" first
+    (b'aa', b'b')
+    """
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:
+        merged = [ranks.get(a + b, rank) for a, b in zip(parts, parts[1:], strict=False)]
+        i = min(range(len(merged)), key=merged.__getitem__)  # min keeps the leftmost of ties
+        if merged[i] >= rank:
+            break
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+    if len(parts) != 2:
+        raise PretrainedError(
+            f"token {token!r} (rank {rank}) is not made by merging two lower-ranked tokens, so "
+            f"it has no merge in the tokenizer.json format; save the model with tokenizer=None"
+        )
+    return parts[0], parts[1]
+
+
+def byte_bpe_tokenizer_json(
+    ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int]
+) -> dict[str, Any]:
+    r"""The ``tokenizer.json`` of a byte-level BPE given as tiktoken gives it: each token's
+    bytes and rank (its id), the split pattern, the special tokens (the module docstring says
+    how).
+
+    >>> spec = byte_bpe_tokenizer_json({bytes([b]): b for b in range(256)} | {b" a": 256},
+    ...                                r"\s?\p{L}+", {})
+    >>> spec["model"]["vocab"]["Ġa"], spec["model"]["merges"]
+    (256, ['Ġ a'])
+    """
+
+    def chars(token: bytes) -> str:
+        return "".join(BYTE_CHARS[b] for b in token)
+
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise PretrainedError(
+            f"byte {missing[0]} has no token: a byte-level BPE needs all 256 bytes; save the "
+            f"model with tokenizer=None"
+        )
+    merges = [
+        " ".join(chars(part) for part in _merge_of(token, rank, ranks))
+        for token, rank in sorted(ranks.items(), key=lambda item: item[1])
+        if len(token) > 1
+    ]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": _added_tokens(special_tokens),
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": pattern},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+                {**byte_level, "use_regex": False},  # the Split above has cut the chunks
+            ],
+        },
+        "post_processor": None,
+        "decoder": {**byte_level, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": True,
+            "vocab": {chars(token): rank for token, rank in ranks.items()},
+            "merges": merges,
         },
     }
 

@@ -21,8 +21,9 @@ Loading takes three explicit steps, each refusing what it cannot honour by name:
    ``Decoder`` first peaks at twice its weights: its random init draws float64 normals.
 
 ``save_pretrained`` writes the same layout back for a model the format can express, so
-``transformers`` loads it, with a ``tokenizer.json`` for a character tokenizer or one read
-from a file (decoder/hf/export.py; a bias-free GPT-2 layout is written with zero biases).
+``transformers`` loads it, with a ``tokenizer.json`` for a character tokenizer, a byte-level
+BPE (ours or tiktoken's), or one read from a file (decoder/hf/export.py; a bias-free GPT-2
+layout is written with zero biases).
 ``resolve_source`` turns a hub name (``gpt2``) into a directory through ``huggingface_hub``
 (the optional extra ``hub``), with an offline error that says what to download and where.
 The tokenizer comes with the model (``load_pretrained``): a character tokenizer.json written
@@ -30,7 +31,7 @@ here, else tiktoken's ``gpt2`` for GPT-2, the ``tokenizer.json`` beside the weig
 Llama family (decoder/hf/tokenizer.py).
 
 Sliding windows (Mistral's, Qwen2's) are translated with the config (decoder/hf/config.py).
-Left out on purpose: RoPE scaling (linear, NTK, YaRN, Llama 3's), quantised weights, and the
+Left out on purpose: quantised weights, and the
 other architectures.
 Follows the layouts of Hugging Face transformers' ``modeling_gpt2.py`` and
 ``modeling_llama.py``, and picoGPT's GPT-2 loader.
@@ -50,6 +51,7 @@ import numpy as np
 
 from decoder.hf.config import PretrainedError, config_from_hf, config_to_hf
 from decoder.hf.export import (
+    byte_bpe_tokenizer_json,
     char_tokenizer_json,
     check_exportable,
     read_char_tokenizer,
@@ -58,6 +60,7 @@ from decoder.hf.export import (
 from decoder.hf.tokenizer import HFTokenizer
 from decoder.model.memory import check_memory, memory_floor
 from decoder.model.model import Decoder, build_model
+from decoder.text.bpe import BPETokenizer
 from decoder.text.data import changed_since, sha256_differs, sha256_file
 from decoder.text.tokenizer import CharTokenizer, TiktokenTokenizer
 from minigrad.backend import to_numpy
@@ -452,11 +455,20 @@ def _tokenizer_json(tokenizer: Any, family: str) -> str | None:
     if tokenizer is None or (family == "gpt2" and isinstance(tokenizer, TiktokenTokenizer)):
         return None
     if isinstance(tokenizer, CharTokenizer):
-        return json.dumps(char_tokenizer_json(tokenizer), ensure_ascii=False, indent=2)
-    if isinstance(tokenizer, HFTokenizer):  # read from a tokenizer.json: that file, as it is
+        spec = char_tokenizer_json(tokenizer)
+    elif isinstance(tokenizer, HFTokenizer):  # read from a tokenizer.json: that file, as it is
         return Path(tokenizer.path).read_text(encoding="utf-8")
-    kind = tokenizer.to_dict().get("type", type(tokenizer).__name__)
-    raise PretrainedError(
-        f"a {kind!r} tokenizer has no tokenizer.json writer here (characters and files read "
-        f"from a tokenizer.json have): save the model with tokenizer=None"
-    )
+    elif isinstance(tokenizer, BPETokenizer):
+        spec = byte_bpe_tokenizer_json(tokenizer.ranks, tokenizer.pattern, tokenizer.special_tokens)
+    elif isinstance(tokenizer, TiktokenTokenizer):
+        encoding = tokenizer.encoding
+        spec = byte_bpe_tokenizer_json(
+            encoding._mergeable_ranks, encoding._pat_str, encoding._special_tokens
+        )
+    else:
+        kind = tokenizer.to_dict().get("type", type(tokenizer).__name__)
+        raise PretrainedError(
+            f"a {kind!r} tokenizer has no tokenizer.json writer here (characters, byte-level "
+            f"BPE and files read from a tokenizer.json have): save the model with tokenizer=None"
+        )
+    return json.dumps(spec, ensure_ascii=False, indent=2)

@@ -83,9 +83,69 @@ def test_presets_no_hugging_face_class_holds_are_refused_by_the_field(tmp_path, 
 
 
 def test_a_tokenizer_without_a_writer_is_refused_before_anything_is_written(tmp_path):
+    class WordTokenizer:  # a user's own: ours has no way to write it
+        vocab_size = 64
+
+        def to_dict(self):
+            return {"type": "words"}
+
+    config, _ = build_configs("shakespeare-char-modern", vocab_size=64, **SMALL)
+    with pytest.raises(PretrainedError, match="'words' tokenizer has no tokenizer.json writer"):
+        save_pretrained(Decoder(config), tmp_path, WordTokenizer())
+    assert not tmp_path.joinpath("config.json").exists()
+
+
+# digits in threes, contractions, newlines, accents, a character never seen in training
+BPE_TEXTS = [
+    "Before we proceed any further, hear me speak.",
+    "We'll go, they're 12345 strong!\n\n  Speak.\r\nCitizen",
+    "caf\u00e9 na\u00efve \u2014 \u00bfqu\u00e9? \U0001f600 <|end|> tail",
+]
+
+
+def bpe_tokenizer():
+    from decoder.post.chat import chat_tokenizer
     from decoder.text.bpe import BPETokenizer
 
-    tokenizer = BPETokenizer.train(TEXT * 4, 260)
-    with pytest.raises(PretrainedError, match="'bpe' tokenizer has no tokenizer.json writer"):
-        save_pretrained(small_model("shakespeare-char-modern", tokenizer), tmp_path, tokenizer)
-    assert not tmp_path.joinpath("config.json").exists()
+    text = (TEXT + "We'll proceed, 12345 citizens! caf\u00e9 na\u00efve \u2014 ") * 8
+    return chat_tokenizer(BPETokenizer.train(text, 256 + 60))
+
+
+def tiktoken_tokenizer():
+    """A TiktokenTokenizer around an encoding made here (tiktoken's own need the network)."""
+    from decoder.text.tokenizer import TiktokenTokenizer
+
+    tokenizer = object.__new__(TiktokenTokenizer)
+    tokenizer.name, tokenizer.encoding = "ours", bpe_tokenizer().to_tiktoken()
+    return tokenizer
+
+
+@pytest.mark.parametrize("make", [bpe_tokenizer, tiktoken_tokenizer], ids=["bpe", "tiktoken"])
+@pytest.mark.oracle
+def test_a_byte_level_bpe_is_written_as_a_tokenizer_json_transformers_reads(tf, tmp_path, make):
+    tokenizer = make()
+    ours = small_model("shakespeare-char-modern", tokenizer)
+    save_pretrained(ours, tmp_path, tokenizer)
+    theirs_tok = tf.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    _, back_tok = load_pretrained(tmp_path)  # our own reader of tokenizer.json
+    for text in BPE_TEXTS:
+        ids = tokenizer.encode(text, allowed_special="all")
+        assert theirs_tok.encode(text) == ids, text
+        assert back_tok.encode(text, allowed_special="all") == ids, text
+        assert theirs_tok.decode(ids) == text and back_tok.decode(ids) == text
+    assert (
+        theirs_tok.convert_tokens_to_ids("<|end|>")
+        == tokenizer.encode("<|end|>", allowed_special="all")[0]
+    )
+
+
+def test_merges_are_recovered_from_ranks_and_a_token_no_merge_makes_is_refused():
+    from decoder.hf.export import byte_bpe_tokenizer_json
+
+    byte_ranks = {bytes([b]): b for b in range(256)}
+    spec = byte_bpe_tokenizer_json(byte_ranks | {b"ab": 256, b"abc": 257}, r"\p{L}+", {})
+    assert spec["model"]["merges"] == ["a b", "ab c"]
+    with pytest.raises(PretrainedError, match="not made by merging two lower-ranked tokens"):
+        byte_bpe_tokenizer_json(byte_ranks | {b"abc": 256}, r"\p{L}+", {})  # no "ab" or "bc"
+    with pytest.raises(PretrainedError, match="byte 0 has no token"):
+        byte_bpe_tokenizer_json({bytes([b]): b for b in range(1, 256)}, r"\p{L}+", {})

@@ -7,7 +7,7 @@ prints the validation loss on the new text before (the base model: LoRA's B star
 zero) and after, and saves only the adapters: ``adapters.safetensors`` and ``lora.json``
 (the LoRA settings, the losses, the path of the base checkpoint and the sha256 of its
 weights, of its tokenizer.json and of the adapters' file), a few kilobytes where the base is
-megabytes. Loading adapters refuses a base whose weights or tokenizer changed since (and
+megabytes, beside the loop's ``log.jsonl`` and ``loss.png``. Loading adapters refuses a base whose weights or tokenizer changed since (and
 adapters changed since they were saved), and names the base run's newer checkpoint when
 training that run further removed the one they were trained on (a run keeps only its
 newest): copy a base checkpoint elsewhere to keep it. ``--merge`` (or the ``merge``
@@ -19,9 +19,10 @@ files that loading checks (decoder.hf.pretrained.check_checksums). A merge refus
 directory that is, holds or lies in its inputs.
 
 The new text must be written in the base tokenizer's vocabulary: a character-level model
-cannot read characters it has never seen (the error lists them). Each step is
-decoder.training.step.train_step, the one decoder.training.loop takes (a NaN loss stops both
-the same way).
+cannot read characters it has never seen (the error lists them). Training is
+decoder.training.loop's loop, the one every trainer runs (its progress bar, evaluations,
+``log.jsonl`` and ``loss.png``, Ctrl-C and NaN handling), with the adapters and ``lora.json`` as
+its checkpoint.
 ``--out`` is held as decoder.training.rundir describes: locked while in use, and a previous
 fine-tune's adapters (or a merged checkpoint) are replaced only with ``--overwrite``.
 
@@ -37,7 +38,6 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -67,14 +67,15 @@ from decoder.training.checkpoint import (
     save_checkpoint,
 )
 from decoder.training.config import TrainConfig
-from decoder.training.loop import lr_at
+from decoder.training.log import LOG, PLOT, read_log
+from decoder.training.loop import loop
+from decoder.training.run import Run
 from decoder.training.rundir import claim_dir
-from decoder.training.step import estimate_loss, train_step
 from minigrad.backend import to_numpy
 from minigrad.cpu_tuning import reuse_freed_memory
 from minigrad.fileio import atomic_write, parse_json
 from minigrad.nn.lora import apply_lora, load_lora_state_dict, lora_state_dict, merge_lora
-from minigrad.optim import AdamW, set_lr
+from minigrad.optim import AdamW
 from minigrad.serialization import load_safetensors, save_safetensors
 
 ADAPTERS, SETTINGS, MERGED = "adapters.safetensors", "lora.json", "merged"
@@ -132,10 +133,8 @@ def finetune(
     """
     reuse_freed_memory()  # as decoder.training.loop: keep the pages each step frees
     say = print if progress else (lambda *a, **k: None)
-    claim = claim_dir(
-        out_dir, (ADAPTERS, SETTINGS, MERGED), SETTINGS, overwrite=overwrite, resumable=False
-    )
-    with claim as out_dir:
+    files = (ADAPTERS, SETTINGS, MERGED, LOG, PLOT)
+    with claim_dir(out_dir, files, SETTINGS, overwrite=overwrite, resumable=False) as out_dir:
         model, tokenizer, base_cfg, base = _load_base(checkpoint, device, pretrained, block_size)
         cfg = _finetune_config(base_cfg, model.device, lr, max_iters, seed)
         data = TokenDataset(_encode(tokenizer, text, data_path or "the fine-tune text"))
@@ -149,22 +148,13 @@ def finetune(
             f"LoRA on {len(wrapped)} layers ({names}): {n_trainable:,} trainable of "
             f"{model.num_parameters():,} parameters"
         )
-        before, after = _train_scored(model, data, cfg, say)
-        save_safetensors(out_dir / ADAPTERS, lora_state_dict(model))
-        settings = {
-            **lora,
-            "targets": list(targets),
-            **base,
-            "data": data_path,
-            "max_iters": max_iters,
-            "lr": lr,
-            "seed": seed,
-            "val_loss_before": before,
-            "val_loss_after": after,
-            "sha256": {ADAPTERS: sha256_file(out_dir / ADAPTERS)},  # checked on load
-        }
-        with atomic_write(out_dir / SETTINGS, text=True) as f:  # last: the manifest
-            json.dump(settings, f, indent=1)
+        settings = {**lora, "targets": list(targets), **base, "data": data_path}
+        settings |= {"max_iters": max_iters, "lr": lr, "seed": seed}
+        run = _adapters_run(model, tokenizer, data, cfg, out_dir, settings)
+        loop(run, None, progress)
+        before, after = read_log(out_dir)[0]["val_loss"], run.losses["val"]
+    say(f"val loss on the new text before fine-tuning: {before:.4f}")
+    say(f"val loss on the new text after {max_iters} steps ({run.elapsed:.1f} s): {after:.4f}")
     say(f"adapters saved in {out_dir} ({ADAPTERS}, {SETTINGS})")
     return {
         "val_loss_before": before,
@@ -173,6 +163,44 @@ def finetune(
         "wrapped": wrapped,
         "out_dir": str(out_dir),
     }
+
+
+def _adapters_run(
+    model: Any, tokenizer: Any, data: TokenDataset, cfg: TrainConfig, out_dir: Path, settings: dict
+) -> Run:
+    """decoder.training.loop's run around a wrapped model: AdamW without weight decay on the
+    trainable parameters, batches drawn from ``cfg.seed``, the adapters as its checkpoint."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return Run(
+        out_dir=out_dir,
+        model_cfg=model.config,
+        train_cfg=cfg,
+        model=model,
+        optimizer=AdamW(trainable, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=0.0),
+        tokenizer=tokenizer,
+        data=data,
+        rngs={"batches": np.random.default_rng(cfg.seed)},
+        extra={},
+        command="decoder.finetune",
+        writer=lambda run: _save_adapters(run, settings),
+    )
+
+
+def _save_adapters(run: Run, settings: dict[str, Any]) -> None:
+    """A fine-tune's checkpoint: its adapters, then ``lora.json`` (the manifest, written last)
+    with the validation loss before training and, where the loop has just evaluated, now."""
+    cfg, out_dir = run.train_cfg, run.out_dir
+    save_safetensors(out_dir / ADAPTERS, lora_state_dict(run.model))
+    evaluated = run.step == cfg.max_iters or run.step % cfg.eval_interval == 0
+    record = {
+        **settings,
+        "step": run.step,
+        "val_loss_before": read_log(out_dir)[0]["val_loss"],  # the loop's evaluation at step 0
+        "val_loss_after": run.losses["val"] if evaluated else None,
+        "sha256": {ADAPTERS: sha256_file(out_dir / ADAPTERS)},  # checked on load
+    }
+    with atomic_write(out_dir / SETTINGS, text=True) as f:
+        json.dump(record, f, indent=1)
 
 
 def _finetune_config(
@@ -245,39 +273,6 @@ def _digest(model: Any, rows: int | None = None) -> str:
         digest.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
         digest.update(array.data)
     return digest.hexdigest()
-
-
-def _train_scored(model: Any, data: TokenDataset, cfg: TrainConfig, say: Any) -> tuple[float, ...]:
-    """Train the adapters (``train_adapters``); the validation loss on the new text before
-    (the base model's: LoRA's B starts at zero) and after."""
-    T = model.config.block_size
-    before = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
-    say(f"val loss on the new text before fine-tuning: {before:.4f}")
-    t0 = time.perf_counter()
-    train_adapters(model, data, cfg, say)
-    after = estimate_loss(model, data, cfg, T, splits=("val",))["val"]
-    say(
-        f"val loss on the new text after {cfg.max_iters} steps "
-        f"({time.perf_counter() - t0:.1f} s): {after:.4f}"
-    )
-    return before, after
-
-
-def train_adapters(model: Any, data: TokenDataset, cfg: TrainConfig, say: Any) -> None:
-    """``cfg.max_iters`` steps of AdamW (no weight decay) on the trainable parameters, with
-    ``cfg``'s schedule (decoder.training.loop.lr_at)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=0.0)
-    rng = np.random.default_rng(cfg.seed)
-    model.train()
-    max_iters = cfg.max_iters
-    for step in range(max_iters):
-        set_lr(optimizer, lr_at(step, cfg))
-        rows = cfg.batch_size * cfg.grad_accum_steps  # batch_size is one micro-batch
-        x, y = data.get_batch("train", rows, model.config.block_size, rng)
-        loss = train_step(model, optimizer, x, y, cfg, step + 1)
-        if (step + 1) % max(1, max_iters // 10) == 0:
-            say(f"step {step + 1}/{max_iters}: loss {loss:.4f}")
 
 
 def _read_settings(adapters_dir: Path) -> tuple[dict[str, Any], str, bool]:

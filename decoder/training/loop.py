@@ -224,9 +224,10 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
             if not run.is_main:  # rank 0 says it
                 raise
             if run.saved_step == run.step:
+                resume = f"python -m {run.command} --out {run.out_dir} --resume"
                 print(
-                    f"\ninterrupted at step {run.step}: checkpoint saved in {run.out_dir}\n"
-                    f"resume with: python -m {run.command} --out {run.out_dir} --resume",
+                    f"\ninterrupted at step {run.step}: checkpoint saved in {run.out_dir}"
+                    + (f"\nresume with: {resume}" if run.writer is None else ""),
                     file=sys.stderr,
                 )
             else:  # a second Ctrl-C, in the middle of a step: nothing consistent to save

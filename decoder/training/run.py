@@ -246,6 +246,8 @@ class Run:
     metrics: Callable[[Run], dict[str, float]] | None = None  # more numbers per evaluation
     command: str = "decoder.train"  # the module that resumes the run, for messages
     scaler: LossScaler | None = None  # the loss scale of a mixed-precision run
+    # what a checkpoint writes: None, the whole run (resumable); decoder.post.lora its adapters
+    writer: Callable[[Run], None] | None = None
 
     @property
     def is_main(self) -> bool:
@@ -378,7 +380,11 @@ def restore(run: Run, ckpt: Checkpoint) -> None:
 
 def save(run: Run) -> None:
     """Write a checkpoint of the run as it is now (under --ddp every rank calls it: ZeRO-1
-    gathers the optimiser's state; rank 0 writes)."""
+    gathers the optimiser's state; rank 0 writes), or what ``run.writer`` writes instead."""
+    if run.writer is not None:
+        run.writer(run)
+        run.saved_step = run.step
+        return
     if run.dist is not None:
         optimizer_state = run.dist.optimizer_state(run.optimizer)
     else:

@@ -97,17 +97,21 @@ def test_an_accumulating_run_resumes_exactly(tmp_path):
     assert first["losses"] + rest["losses"] == whole["losses"]  # bitwise
 
 
-def test_a_fine_tune_accumulates_as_the_base_run_did():
-    from decoder.post.lora import train_adapters
-    from decoder.text.data import TokenDataset
-    from decoder.text.tokenizer import get_tokenizer
+def test_a_fine_tune_accumulates_as_the_base_run_did(tmp_path, monkeypatch):
+    """A fine-tune keeps the base run's batch settings: each step takes batch_size *
+    grad_accum_steps windows (the loop's rule), and its loss moves."""
+    import decoder.training.loop
+    from decoder.post.lora import finetune
 
-    tokenizer = get_tokenizer("char", text=TEXT)
-    data = TokenDataset.from_text(TEXT, tokenizer)
-    mg.manual_seed(0)
-    model = Decoder(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=8, n_layer=1))
-    cfg = TrainConfig(batch_size=1, grad_accum_steps=2, max_iters=2, warmup_iters=1)
-    before = [p.data.copy() for p in model.parameters()]
-    train_adapters(model, data, cfg, say=lambda *a: None)  # 2 rows a step, 1 per micro-batch
-    after = [p.data for p in model.parameters()]
-    assert all(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    cfgs = run_configs(batch_size=1, grad_accum_steps=2, max_iters=2)
+    train(*cfgs, TEXT, tmp_path / "base", progress=False)
+    rows = []
+
+    def counted_step(model, optimizer, x, y, *args, **kwargs):
+        rows.append(len(x))
+        return train_step(model, optimizer, x, y, *args, **kwargs)
+
+    monkeypatch.setattr(decoder.training.loop, "train_step", counted_step)
+    result = finetune(tmp_path / "base", TEXT, tmp_path / "lora", max_iters=3, progress=False)
+    assert rows == [2, 2, 2]  # 2 rows a step, 1 per micro-batch
+    assert result["val_loss_after"] != result["val_loss_before"]

@@ -28,6 +28,10 @@ WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "me"]
 TINY = ["--preset", "tiny", "--eval_iters=2", "--batch_size=4", "--block_size=16"]
 
 
+# what a fine-tune leaves: its adapters and manifest, and the loop's log and plot
+FINETUNE_FILES = ["adapters.safetensors", "log.jsonl", "lora.json", "loss.png"]
+
+
 def make_text(words, seed=0, n_lines=300) -> str:
     rng = np.random.default_rng(seed)
     return (
@@ -206,7 +210,12 @@ def test_finetune_saves_adapters_lowers_the_loss_and_merges(base_run, tmp_path):
     out = tmp_path / "lora"
     result = finetune(base_run, new_text, out, r=4, alpha=8, max_iters=60, lr=1e-2, progress=False)
     assert result["val_loss_after"] < result["val_loss_before"] - 0.05
-    assert sorted(p.name for p in out.iterdir()) == ["adapters.safetensors", "lora.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapters.safetensors",
+        "log.jsonl",
+        "lora.json",
+        "loss.png",
+    ]
     arrays, _ = load_safetensors(out / "adapters.safetensors")
     assert len(arrays) == 2 * 2 * 2  # (A, B) x (wq, wv) x 2 layers: nothing else
     assert all(name.endswith((".wq.A", ".wq.B", ".wv.A", ".wv.B")) for name in arrays)
@@ -301,7 +310,12 @@ def test_finetune_refuses_a_previous_fine_tune_unless_overwritten(base_run, tmp_
     assert json.loads((out / "lora.json").read_text())["r"] == 2
     finetune(base_run, text, out, r=4, max_iters=2, progress=False, overwrite=True)
     assert json.loads((out / "lora.json").read_text())["r"] == 4
-    assert sorted(p.name for p in out.iterdir()) == ["adapters.safetensors", "lora.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapters.safetensors",
+        "log.jsonl",
+        "lora.json",
+        "loss.png",
+    ]
 
 
 def test_finetune_diverges_as_training_does(base_run, tmp_path, monkeypatch, capsys):

@@ -75,7 +75,7 @@ def test_finetune_checks_its_numbers_as_train_config(shared_base, tmp_path, kwar
 
 def test_finetune_trains_with_the_schedule_it_records(shared_base, tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr("decoder.post.lora.set_lr", lambda opt, lr: seen.append(lr))
+    monkeypatch.setattr("decoder.training.loop.set_lr", lambda opt, lr: seen.append(lr))
     out = tmp_path / "lora"
     finetune(shared_base, make_text(1), out, r=2, max_iters=20, lr=0.1, progress=False)
     # warmup over a tenth of the steps to lr, then a cosine decay towards lr / 10

@@ -7,8 +7,9 @@ prints the validation loss on the new text before (the base model: LoRA's B star
 zero) and after, and saves only the adapters: ``adapters.safetensors`` and ``lora.json``
 (the LoRA settings, the losses, the path of the base checkpoint and the sha256 of its
 weights, of its tokenizer.json and of the adapters' file), a few kilobytes where the base is
-megabytes, beside the loop's ``log.jsonl`` and ``loss.png``. Loading adapters refuses a base whose weights or tokenizer changed since (and
-adapters changed since they were saved), and names the base run's newer checkpoint when
+megabytes, beside the loop's ``log.jsonl`` and ``loss.png``. Loading adapters refuses a
+base whose weights or tokenizer changed since (and adapters changed since they were saved),
+and names the base run's newer checkpoint when
 training that run further removed the one they were trained on (a run keeps only its
 newest): copy a base checkpoint elsewhere to keep it. ``--merge`` (or the ``merge``
 command) folds the adapters into the base weights and writes a full checkpoint that

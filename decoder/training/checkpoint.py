@@ -17,23 +17,8 @@ Every array goes through one serializer, safetensors: no pickle, no ``.npz``. Ch
 format 1 (before this layout) kept the optimiser in ``optimizer.npz``; their weights still
 load (generate, fine-tune), and resuming them is refused with a message saying so.
 
-Atomicity (the choice, and why): a checkpoint is written into a fresh hidden directory (each
-file flushed to disk by ``minigrad.fileio.atomic_write``), the directory is renamed to its
-final name, and only then is ``latest`` replaced with ``os.replace``, the one atomic step. A
-crash or an error at any point before that leaves ``latest`` naming the previous, complete
-checkpoint; a crash after it leaves the new one complete. Writing every file atomically plus
-a "complete" marker would also work, but a reader would then have to check that all files
-belong to the same step; with one pointer there is nothing to check. Older checkpoint
-directories are removed once ``latest`` has moved on, so a reader that followed the old
-pointer can find its directory gone: ``load_checkpoint`` then reads the pointer again and
-retries (a save during a load is the only way a complete checkpoint changes under a reader).
-
-Checksums: ``state.json`` records the SHA-256 of each other file as it was written, and a load
-checks every file it reads against it after parsing it (so a truncated file still gets the
-reader's own message): a flipped byte in the weights, two same-shape tensors swapped in the
-header, or a tokenizer edited to other ids would otherwise load and give other numbers in
-silence. Checkpoints saved before the record load unchecked, and MINIGRAD_NO_VERIFY=1 (every
-command's ``--no-verify``) skips the checks, for files too large to hash at every load.
+A save is atomic and a load checks every file against the SHA-256 the save recorded
+(``save_checkpoint`` and ``_check_sha256`` say how and why).
 
 Left out on purpose: keeping the best or the last few checkpoints (only the newest is kept), and
 sharded weights.
@@ -113,6 +98,16 @@ def save_checkpoint(
     ``model_state`` may hold NumPy or CuPy arrays (or Tensors); they are stored as NumPy.
     If anything fails before ``latest`` moves, the previous checkpoint stays the latest and
     the half-written directory is removed.
+
+    Why it is atomic: the checkpoint is written into a fresh hidden directory (each file
+    flushed to disk by ``minigrad.fileio.atomic_write``), the directory is renamed to its final
+    name, and only then is ``latest`` replaced with ``os.replace``, the one atomic step. A crash
+    before that leaves ``latest`` naming the previous, complete checkpoint; a crash after it
+    leaves the new one complete. Writing every file atomically plus a "complete" marker would
+    also work, but a reader would then have to check that all files belong to the same step;
+    with one pointer there is nothing to check. Older checkpoint directories are removed once
+    ``latest`` has moved on, so a reader that followed the old pointer can find its directory
+    gone: ``load_checkpoint`` then reads the pointer again and retries.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -336,7 +331,13 @@ def _read_json(path: Path) -> Any:
 def _check_sha256(path: Path, recorded: dict[str, str]) -> None:
     """Raise CheckpointError if ``path``'s SHA-256 is not the one ``recorded`` when it was
     saved (a file without a record passes: it was saved before checksums; so does every file
-    under MINIGRAD_NO_VERIFY=1, decoder.text.data.sha256_differs)."""
+    under MINIGRAD_NO_VERIFY=1, every command's ``--no-verify``, for files too large to hash
+    at every load: decoder.text.data.sha256_differs).
+
+    ``_read`` calls it after parsing each file, so a truncated file still gets the reader's own
+    message. Without it a flipped byte in the weights, two same-shape tensors swapped in the
+    header, or a tokenizer edited to other ids would load and give other numbers in silence.
+    """
     try:
         differs = sha256_differs(path, recorded.get(path.name))
     except OSError as e:  # removed by a save since it was read: load_checkpoint retries

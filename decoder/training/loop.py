@@ -1,4 +1,5 @@
-"""Training: the loop that every trainer runs (``python -m decoder.train`` is its command).
+"""Training: the loop that every trainer runs (pre-training, SFT, DPO and LoRA fine-tuning;
+``python -m decoder.train`` is its command).
 
 One step: set the learning rate of a cosine schedule with linear warmup, sample a batch, then
 decoder.training.step.train_step: forward, backward, clip the gradient's global norm, take an AdamW
@@ -8,27 +9,10 @@ decoder.training.checkpoint for the directory layout and why it is atomic), and 
 go into ``log.jsonl`` and ``loss.png`` get redrawn: the log never claims a step whose checkpoint did
 not land.
 
-The run directory (``--out``) is locked while a run uses it, a new run refuses one that
-holds a previous run unless told ``--resume`` or ``--overwrite``, and a run that fails
-before its first checkpoint removes what it wrote (and puts back a run it was overwriting;
-see decoder.training.rundir).
-
 A run's state, its start, and its exact resume are decoder.training.run's.
 
-Ctrl-C finishes the current step, writes a checkpoint and exits with status 130; a second
-Ctrl-C stops at once. A loss that is NaN or infinite stops the run before the bad step
-touches the weights, naming the step; the last checkpoint stays as it was.
-
-Each step draws ``batch_size * grad_accum_steps`` windows per rank from the one batches generator,
-which every rank of a data-parallel run (``--ddp``, see decoder.training.dist) seeds alike; rank r
-trains on the r-th share, so N ranks take the steps one process takes with N times the rows, and a
-resume with another N continues the same stream of windows, grouped N'/N times as wide per step (the
-same run, up to float rounding, wherever N * grad_accum_steps stays the same). Rank 0 alone
-evaluates, logs, draws the bar and writes the checkpoints.
-
-With ``--dtype=float16`` the weights and AdamW's state stay float32 while the forward and
-backward passes run in float16 on a scaled loss (decoder.training.mixed_precision); each log row
-carries the loss scale and the steps skipped for an overflow.
+The run directory is held while the run uses it (``train``), Ctrl-C and a NaN loss stop it
+cleanly (``loop``), and data-parallel ranks and float16 share its steps (``take_step``).
 
 Left out on purpose: several GPUs, dropout under --ddp (each rank would draw the same masks), and
 keeping the best checkpoint (the newest is kept). Follows nanoGPT's ``train.py``.
@@ -122,6 +106,11 @@ def train(
     no sample). ``dist`` makes this process one rank of a data-parallel run (decoder.training.dist):
     rank 0 alone claims ``out_dir`` and prints.
 
+    The run directory (``--out``) is locked while a run uses it, a new run refuses one that
+    holds a previous run unless told ``--resume`` or ``--overwrite``, and a run that fails
+    before its first checkpoint removes what it wrote (and puts back a run it was overwriting;
+    see decoder.training.rundir).
+
     Returns the last evaluation's losses, training throughput and per-step losses:
     ``{"step", "train_loss", "val_loss", "tokens_per_s", "time_s", "losses", "out_dir"}``.
     Raises TrainingDiverged on a NaN or infinite loss, KeyboardInterrupt (after saving) on
@@ -174,7 +163,12 @@ def train(
 
 def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], float]:
     """Train from ``run.step`` to ``max_iters`` (or ``until``), evaluating and saving on
-    schedule; returns this call's per-step losses and its training tokens per second."""
+    schedule; returns this call's per-step losses and its training tokens per second.
+
+    Ctrl-C finishes the current step, writes a checkpoint and exits with status 130; a second
+    Ctrl-C stops at once. A loss that is NaN or infinite stops the run before the bad step
+    touches the weights, naming the step; the last checkpoint stays as it was.
+    """
     cfg = run.train_cfg
     T, ranks = run.model_cfg.block_size, run.dist.size if run.dist else 1
     B = cfg.batch_size * cfg.grad_accum_steps  # this rank's rows per step
@@ -240,7 +234,19 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
 
 def take_step(run: Run, lr: float, B: int) -> float:
     """One optimiser step at learning rate ``lr`` on this rank's ``B`` rows of the step's fresh
-    windows (decoder.training.step.train_step); returns its loss."""
+    windows (decoder.training.step.train_step); returns its loss.
+
+    Each step draws ``batch_size * grad_accum_steps`` windows per rank from the one batches
+    generator, which every rank of a data-parallel run (``--ddp``, decoder.training.dist) seeds
+    alike; rank r trains on the r-th share, so N ranks take the steps one process takes with N
+    times the rows, and a resume with another N continues the same stream of windows, grouped
+    N'/N times as wide per step (the same run, up to float rounding, wherever N *
+    grad_accum_steps stays the same). Rank 0 alone evaluates, logs, draws the bar and writes
+    the checkpoints. With ``--dtype=float16`` the weights and AdamW's state stay float32 while
+    the forward and backward passes run in float16 on a scaled loss
+    (decoder.training.mixed_precision); each log row carries the loss scale and the steps
+    skipped for an overflow.
+    """
     ranks = run.dist.size if run.dist else 1
     set_lr(run.optimizer, lr)
     x, y = run.data.get_batch("train", B * ranks, run.model_cfg.block_size, run.rngs["batches"])

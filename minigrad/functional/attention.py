@@ -19,10 +19,8 @@ three implementations of the same function:
   code (the NumPy twin in ``minigrad/kernels/flash_attention.py``, or the CUDA kernel for
   float32 CuPy arrays) and saves only q, k, v, o and the row logsumexp: memory O(T) per row
   instead of O(T * S). It has no attention dropout.
-- ``impl="auto"`` (the default) picks one by device and size (``choose_impl``): on the CPU
-  dense below ``FLASH_MIN_T`` (512) queries and flash from there, on the GPU naive wherever
-  its score matrices fit; naive everywhere when ``minigrad.set_fast_paths(False)`` asks for
-  the plain forms (on a GPU, flash only where naive would not fit in memory).
+- ``impl="auto"`` (the default) picks one by device and size: ``choose_impl`` says which and
+  why.
 
 Conventions shared with the kernels: grouped-query attention (query head h reads kv head
 h // (nh // n_kv)); the causal mask is aligned to the end, as with a KV cache (query i sees

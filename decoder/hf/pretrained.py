@@ -13,12 +13,8 @@ Loading takes three explicit steps, each refusing what it cannot honour by name:
    which store W as (in, out), the transpose of a Linear's (out, in), and fuses W_Q, W_K,
    W_V into one ``c_attn`` of 3 C outputs. The Llama family (Mistral, Qwen2) uses Linear
    layers with our layout, and rotate-half RoPE as ours (decoder/model/positional.py).
-3. The weights are read through a memory map (``minigrad.serialization.open_safetensors``)
-   and copied one tensor at a time into the model, converted to float32 (bfloat16 by its
-   bits), so the process never holds the file's weights and the model's at once. Measured
-   on GPT-2 small (475 MiB of float32 weights): copying peaks 147 MiB (its largest tensor,
-   the token embedding) above the built model, from float32 or bfloat16 files. Building the
-   ``Decoder`` first peaks at twice its weights: its random init draws float64 normals.
+3. ``load_weights``: each tensor is read through a memory map and copied into the model,
+   converted to float32 (bfloat16 by its bits), one at a time.
 
 ``save_pretrained`` writes the same layout back for a model the format can express, so
 ``transformers`` loads it, with a ``tokenizer.json`` for a character tokenizer, a byte-level
@@ -32,8 +28,7 @@ Llama family (decoder/hf/tokenizer.py).
 
 Sliding windows (Mistral's, Qwen2's) are translated with the config (decoder/hf/config.py).
 Left out on purpose: RoPE scaling of the types dynamic and yarn (decoder/hf/config.py says
-why), quantised weights, and the
-other architectures.
+why), quantised weights, and the other architectures.
 Follows the layouts of Hugging Face transformers' ``modeling_gpt2.py`` and
 ``modeling_llama.py``, and picoGPT's GPT-2 loader.
 """
@@ -289,6 +284,12 @@ def load_weights(model: Decoder, directory: Path, family: str) -> None:
     Every name and shape is checked before anything is copied: a missing tensor, one the
     model has no place for, or a shape that does not match config.json raises
     PretrainedError and leaves the model as it was.
+
+    Why one tensor at a time, through a memory map (minigrad.serialization.open_safetensors):
+    the process never holds the file's weights and the model's at once. Measured on GPT-2 small
+    (475 MiB of float32 weights): copying peaks 147 MiB (its largest tensor, the token
+    embedding) above the built model, from float32 or bfloat16 files. Building the ``Decoder``
+    first peaks at twice its weights: its random init draws float64 normals.
     """
     params = dict(model.named_parameters())  # the tied lm_head appears once, as tok_emb
     rows = model.config.block_size

@@ -253,3 +253,15 @@ def test_tf32_training_is_the_run_s_choice_and_ends_with_it(tmp_path, fake_cupy)
     assert PRESETS["baby-gpt"].train["matmul_precision"] == "high"  # as nanoGPT allows TF32
     with pytest.raises(ValueError, match="matmul_precision='medium' is not one of"):
         configs("tiny", "cuda", matmul_precision="medium")
+
+
+def test_a_run_too_large_for_the_gpu_is_refused_before_allocating(tmp_path, fake_cupy, monkeypatch):
+    """The memory check reads the device's memory (cupy.cuda.runtime.memGetInfo), not the
+    machine's: a model that fits in RAM but not on a 1 GiB GPU is refused by name."""
+    from decoder.model.memory import device_memory
+
+    monkeypatch.setattr(fake_cupy.cuda.runtime, "memGetInfo", lambda: (2**30, 2**30))
+    assert device_memory("cuda") == 2**30
+    with pytest.raises(ValueError, match=r"more than the 1\.0 GiB the cuda device has: lower"):
+        run("tiny", "cuda", tmp_path / "big", max_iters=1, n_embd=4096, n_layer=6, n_head=8)
+    assert not (tmp_path / "big").exists()  # refused before the run wrote anything

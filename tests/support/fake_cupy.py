@@ -505,7 +505,11 @@ _nccl.NcclCommunicator = _NcclCommunicator
 _nccl.get_unique_id = lambda: bytes(range(128))
 
 cuda = types.SimpleNamespace(
-    runtime=types.SimpleNamespace(getDeviceCount=lambda: 1, getDevice=lambda: _current_device),
+    runtime=types.SimpleNamespace(
+        getDeviceCount=lambda: 1,
+        getDevice=lambda: _current_device,
+        memGetInfo=lambda: (free_memory, total_memory),  # (free, total) bytes
+    ),
     Device=_Device,
     get_current_stream=lambda: types.SimpleNamespace(ptr=0),  # the null stream
     nccl=_nccl,

@@ -217,8 +217,9 @@ PRESETS: dict[str, Preset] = {
     ),
     "mistral": Preset(
         "Mistral 7B: Llama's layout (GQA, RoPE, SwiGLU, RMSNorm, pre-norm) with a 16-token "
-        "sliding window on every layer and an untied head; each layer's cache rolls at 16 "
-        "tokens, and stacked windows reach back 4 x 16 = 64 positions",
+        "sliding window on every layer and an untied head; a query sees its own token and the "
+        "15 before it (each layer holds at most 16 keys and values), so the 4 stacked windows "
+        "reach back 4 x (16 - 1) = 60 positions",
         model=dict(**SHAKESPEARE_SHAPE, **LLAMA_LAYOUT, window=16, tie_weights=False),
         train=dict(SHAKESPEARE_TRAIN),
     ),

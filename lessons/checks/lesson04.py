@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
-from exercises import forbidden
+import os
 
-import decoder.model.positional
+import numpy as np
+
 import minigrad as mg
 from decoder.model.positional import RoPE
 from minigrad import functional as F
@@ -25,17 +25,27 @@ def test_embedding_backward(fn):
 
 
 def test_rope_rotate(fn):
-    g = np.random.default_rng(2)
-    hs, block = 8, 40
-    module = RoPE(head_size=hs, block_size=block)
-    x = g.standard_normal(hs).astype(np.float32)
-    for pos in [0, 1, 7, 39]:
-        expected = module(mg.tensor(x[None, None, None, :]), offset=pos).numpy()[0, 0, 0]
-        with forbidden(fn, RoPE, "forward", "rotate the pairs yourself"):
-            why = "compute the angles yourself"
-            with forbidden(fn, decoder.model.positional, "rope_tables", why):
-                got = fn(x, pos)
-        assert np.allclose(got, expected, atol=1e-5), f"differs from RoPE at pos={pos}"
-    q, k = g.standard_normal(hs), g.standard_normal(hs)
-    assert np.isclose(fn(q, 9) @ fn(k, 4), fn(q, 30) @ fn(k, 25)), "q.k must depend on i - j"
-    assert np.isclose(np.linalg.norm(fn(q, 13)), np.linalg.norm(q)), "a rotation keeps length"
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = np.random.default_rng(seed)
+    # random even head sizes (never only 8) and positions, against the library's RoPE
+    sizes = [int(n) for n in 2 * g.integers(1, 33, size=3)]
+    if all(hs == 8 for hs in sizes):
+        sizes[0] = 16
+    # the default base, Llama 3's, and one more: never only the default
+    thetas = g.permutation([10000.0, 500000.0, float(g.choice([100.0, 1e6]))])
+    for hs, theta in zip(sizes, thetas, strict=True):
+        theta = float(theta)
+        x = g.standard_normal(hs).astype(np.float32)
+        for pos in [0, 1, *(int(p) for p in g.integers(2, 4096, size=3))]:
+            module = RoPE(head_size=hs, block_size=pos + 1, theta=theta)
+            expected = module(mg.tensor(x[None, None, None, :]), offset=pos).numpy()[0, 0, 0]
+            got = fn(x, pos, theta) if theta != 10000.0 else fn(x, pos)
+            where = f"head size {hs}, pos={pos}, theta={theta:g} (seed {seed})"
+            assert np.shape(got) == (hs,), f"{where}: expected shape ({hs},), got {np.shape(got)}"
+            assert np.allclose(got, expected, atol=1e-5), f"differs from RoPE at {where}"
+        q, k = g.standard_normal(hs), g.standard_normal(hs)
+        i, j, shift = (int(n) for n in g.integers(0, 1000, size=3))
+        assert np.isclose(fn(q, i) @ fn(k, j), fn(q, i + shift) @ fn(k, j + shift)), (
+            f"head size {hs}: q.k must depend on i - j only (seed {seed})"
+        )
+        assert np.isclose(np.linalg.norm(fn(q, i)), np.linalg.norm(q)), "a rotation keeps length"

@@ -4,11 +4,22 @@
 from __future__ import annotations
 
 import numpy as np
-from exercises import forbidden, ops_in_graph
+from exercises import ops_in_graph
 
 import minigrad as mg
 from minigrad import functional as F
 from minigrad import nn
+
+# What each answer may call in minigrad: Tensor ops for rms_norm, and F.linear and F.silu for
+# swiglu; layer_norm_backward is NumPy (autograd would compute the gradient it asks for).
+ALLOWED = {
+    "rms_norm": ("minigrad.tensor.Tensor",),
+    "swiglu": (
+        "minigrad.tensor.Tensor",
+        "minigrad.functional.linear.linear",
+        "minigrad.functional.activations.silu",
+    ),
+}
 
 
 def randn64(*shape: int) -> mg.Tensor:
@@ -19,8 +30,7 @@ def test_rms_norm(fn):
     mg.manual_seed(1)
     x, w = randn64(2, 3, 8), randn64(8)
     want = F.rms_norm(x, w, eps=1e-6).data
-    with forbidden(fn, F, "rms_norm", "build it from Tensor ops"):
-        y = fn(x, w, 1e-6)
+    y = fn(x, w, 1e-6)
     assert y.shape == x.shape
     fused = {"RMSNorm", "LayerNorm"} & ops_in_graph(y)
     assert not fused, f"your graph holds the fused {fused.pop()}: build it from Tensor ops"

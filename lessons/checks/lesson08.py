@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from exercises import forbidden
 
 import minigrad as mg
-from minigrad import optim
 from minigrad.optim import AdamW, clip_grad_norm_, cosine_lr
+
+# The three answers are NumPy and math: nothing in the library may be called (cosine_lr,
+# lr_at, clip_grad_norm_, grad_norm, AdamW would each answer an exercise).
+ALLOWED: dict[str, tuple[str, ...]] = {}
 
 
 def test_warmup_cosine(fn):
@@ -18,8 +20,7 @@ def test_warmup_cosine(fn):
     for max_lr, min_lr, warmup, decay in cases:
         for s in range(0, decay + 20):
             want = cosine_lr(s, max_lr, min_lr, warmup, decay)
-            with forbidden(fn, optim, "cosine_lr", "this exercise writes it"):
-                got = fn(s, max_lr, min_lr, warmup, decay)
+            got = fn(s, max_lr, min_lr, warmup, decay)
             assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15), (
                 f"step {s} of (max_lr={max_lr}, min_lr={min_lr}, warmup={warmup}, decay={decay}): "
                 f"got {got}, cosine_lr gives {want}"
@@ -35,8 +36,7 @@ def test_clip_by_global_norm(fn):
         for t, a in zip(tensors, grads, strict=True):
             t.grad = a.copy()
         want_norm = clip_grad_norm_(tensors, max_norm)
-        with forbidden(fn, optim, "clip_grad_norm_", "this exercise writes it"):
-            clipped, norm = fn(grads, max_norm)
+        clipped, norm = fn(grads, max_norm)
         assert math.isclose(norm, want_norm, rel_tol=1e-9), f"norm {norm}, expected {want_norm}"
         assert len(clipped) == len(grads)
         for c, t in zip(clipped, tensors, strict=True):

@@ -1,10 +1,25 @@
-"""Checks of lesson 12 (flash attention): ``online_softmax`` and ``merge_states``."""
+"""Checks of lesson 12 (flash attention): ``online_softmax`` and ``merge_states``.
+
+``online_softmax`` is one step of the online softmax, ``step(state, scores, values)``: the check
+drives it over a row's tiles (each overwritten by the next, as a kernel reuses its shared
+memory), and after every tile checks that the state is (m, l, acc) of the keys so far and holds
+no more than those hs + 2 numbers, so an answer cannot keep the tiles and softmax at the end.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import tracemalloc
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
+
+
+def fresh_rng() -> np.random.Generator:
+    """A generator seeded anew on every run, so no answer can learn the checked cases."""
+    return np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
 
 
 def tiles(scores: np.ndarray, values: np.ndarray, tile: int) -> Iterator[tuple]:
@@ -23,28 +38,98 @@ def tiles(scores: np.ndarray, values: np.ndarray, tile: int) -> Iterator[tuple]:
     s_buf[:], v_buf[:] = np.nan, np.nan  # what an answer that kept the tiles would read
 
 
-def test_online_softmax(fn):
-    rng = np.random.default_rng(3)
-    s = rng.standard_normal(20) * 3
-    V = rng.standard_normal((20, 5))
-    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
-    for tile in (1, 3, 7, 20, 64):
-        o, lse = fn(tiles(s, V, tile))
-        assert np.allclose(o, p @ V), (
-            f"wrong output with tile={tile}: read each tile once, in order, and keep only "
-            f"m, l and acc between tiles (the next tile overwrites this one)"
+def floats_in(state: Any) -> int:
+    """How many numbers a state holds, however it nests them.
+
+    >>> floats_in((-1.0, 2.0, np.zeros(4)))
+    6
+    """
+    if isinstance(state, (tuple, list)):
+        return sum(floats_in(part) for part in state)
+    return int(np.size(state))
+
+
+def prefix_state(s: np.ndarray, V: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """The exact (m, l, acc) of the keys s, V: what the state must be after reading them."""
+    m = float(s.max())
+    if m == -math.inf:
+        return m, 0.0, np.zeros(V.shape[1])
+    w = np.exp(s - m)
+    return m, float(w.sum()), w @ V
+
+
+def walk(step, scores: np.ndarray, values: np.ndarray, tile: int, what: str):
+    """Drive ``step`` over the tiles of one row, checking the state after every tile; return
+    (o, lse) from the final state, as the kernel finishes a row."""
+    hs = values.shape[1]
+    state = (-math.inf, 0.0, np.zeros(hs))
+    seen = 0
+    for s, v in tiles(scores, values, tile):
+        state = step(state, s, v)
+        seen += len(s)
+        assert floats_in(state) <= hs + 2, (
+            f"{what}: after {seen} keys the state holds {floats_in(state)} numbers; it may "
+            f"hold only m, l and acc ({hs} + 2 numbers): a state that grows with the keys read "
+            f"is the whole row again"
         )
-        assert np.isclose(lse, np.log(np.exp(s).sum())), f"wrong logsumexp with tile={tile}"
-    o, lse = fn(tiles(s + 1000, V, 4))  # exp(1000) overflows: needs the running max
-    assert np.allclose(o, p @ V) and np.isclose(lse, 1000 + np.log(np.exp(s).sum())), (
+        assert isinstance(state, tuple) and len(state) == 3, "return the state as (m, l, acc)"
+        m, l, acc = state
+        m_want, l_want, acc_want = prefix_state(scores[:seen], values[:seen])
+        assert np.isfinite(l) and np.all(np.isfinite(acc)), (
+            f"{what}: after {seen} keys l or acc is not finite: while every key so far is "
+            f"masked, m is -inf, and exp(s - m) = exp(-inf - -inf) is NaN: re-base on 0"
+        )
+        assert m == m_want or np.isclose(m, m_want), (
+            f"{what}: after {seen} keys m = {m}, want the max so far, {m_want}"
+        )
+        assert np.isclose(l, l_want) and np.allclose(acc, acc_want), (
+            f"{what}: after {seen} keys (m, l, acc) is not (max, sum exp(s - m), "
+            f"sum exp(s - m) v) of the keys so far: re-base the old l and acc on the new max "
+            f"(alpha = exp(m_old - m_new))"
+        )
+    m, l, acc = state
+    return np.asarray(acc) / l, m + math.log(l)
+
+
+def test_online_softmax(fn):
+    rng = fresh_rng()
+    n, hs = int(rng.integers(20, 60)), int(rng.integers(1, 9))
+    s = rng.standard_normal(n) * 3 + np.linspace(0, 6, n)  # drifts up: the max keeps changing
+    V = rng.standard_normal((n, hs))
+    p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+    lse = np.log(np.exp(s).sum())
+    for tile in (1, 3, int(rng.integers(4, 12)), n, n + 5):
+        what = f"{n} keys, hs={hs}, tiles of {tile}"
+        o, got_lse = walk(fn, s, V, tile, what)
+        assert np.allclose(o, p @ V), f"{what}: wrong output acc / l"
+        assert np.isclose(got_lse, lse), f"{what}: wrong logsumexp m + log(l)"
+    o, got_lse = walk(fn, s + 1000, V, 4, f"scores near 1000, {n} keys")  # exp(1000) overflows
+    assert np.allclose(o, p @ V) and np.isclose(got_lse, 1000 + lse), (
         "wrong for scores near 1000: exp overflows unless you subtract the running max"
     )
     masked = s.copy()
-    masked[:6] = -np.inf  # the first tiles of size 3 see only masked keys
+    masked[: int(rng.integers(6, 12))] = -np.inf  # the first tiles of 3 see only masked keys
     p_masked = np.exp(masked - masked.max()) / np.exp(masked - masked.max()).sum()
-    o, lse = fn(tiles(masked, V, 3))
+    o, _ = walk(fn, masked, V, 3, f"{n} keys, the first tiles fully masked")
     assert np.all(np.isfinite(o)), "NaN from a fully masked first tile: re-base m = -inf on 0"
     assert np.allclose(o, p_masked @ V)
+    # Nothing kept outside the state either: after a long row, no more memory is held than
+    # before it (a history kept in a global or on the function would be)
+    long_s, long_v = rng.standard_normal(2000), rng.standard_normal((2000, 8))
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    state = (-math.inf, 0.0, np.zeros(8))
+    for s_tile, v_tile in tiles(long_s, long_v, 2):
+        state = fn(state, s_tile, v_tile)
+    held = tracemalloc.get_traced_memory()[0] - before
+    if started:
+        tracemalloc.stop()
+    assert held < 32_000, (
+        f"after 2000 keys in tiles of 2, {held} more bytes are held than before: keep nothing "
+        f"of the tiles between steps but the state"
+    )
 
 
 def test_merge_states(fn):

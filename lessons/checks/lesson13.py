@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
-from exercises import forbidden
 
 import minigrad as mg
 from decoder.model import positional
 from decoder.model.mla import MultiHeadLatentAttention
 from minigrad import functional as F
-from minigrad.functional import attention
 
 
 def library_hidden(T: int, W: int) -> np.ndarray:
@@ -28,15 +28,12 @@ def library_hidden(T: int, W: int) -> np.ndarray:
 
 
 def test_window_mask(fn):
-    cases = ((6, 2), (7, 3), (5, 1), (4, 4), (4, 9), (1, 1), (0, 3))
+    cases = [(6, 2), (7, 3), (5, 1), (4, 4), (4, 9), (1, 1), (0, 3)]
+    rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))  # new on every run
+    T = int(rng.integers(8, 40))
+    cases += [(T, int(rng.integers(2, T))), (T, int(rng.integers(T, 2 * T)))]
     wants = [library_hidden(T, W) for T, W in cases]
-    why = "build the mask from the positions i and j yourself"
-    with (
-        forbidden(fn, F, "scaled_dot_product_attention", why),
-        forbidden(fn, attention, "scaled_dot_product_attention", why),
-        forbidden(fn, attention, "naive_attention", why),
-    ):
-        answers = [np.asarray(fn(T, W)) for T, W in cases]
+    answers = [np.asarray(fn(T, W)) for T, W in cases]
     for (T, W), got, want in zip(cases, answers, wants, strict=True):
         assert got.shape == (T, T), f"T={T}, W={W}: want a (T, T) mask, got shape {got.shape}"
         assert got.dtype == bool, f"want a bool mask (True = hidden), got dtype {got.dtype}"
@@ -44,10 +41,10 @@ def test_window_mask(fn):
         if len(wrong):
             i, j = wrong[0]
             seen = "sees" if not want[i, j] else "must not see"
+            both = f"; want\n{want.astype(int)}\ngot\n{got.astype(int)}" if T <= 12 else ""
             raise AssertionError(
                 f"T={T}, W={W}: query {i} {seen} key {j} (it sees its last W positions, "
-                f"itself included: i - W < j <= i); want\n{want.astype(int)}\ngot\n"
-                f"{got.astype(int)}"
+                f"itself included: i - W < j <= i){both}"
             )
 
 
@@ -79,16 +76,11 @@ def test_absorb_query(fn):
 def test_yarn_frequencies(fn):
     settings = ((64, 8.0, 4096), (32, 4.0, 64), (128, 16.0, 2048), (16, 1.0, 512))
     wants = [positional.rope_frequencies(hs, 10000.0, "yarn", s, L)[0] for hs, s, L in settings]
-    why = "build YaRN's frequencies from theta and the ramp yourself"
-    with (
-        forbidden(fn, positional, "rope_frequencies", why),
-        forbidden(fn, positional, "rope_tables", why),
-    ):
-        for (hs, s, L), want in zip(settings, wants, strict=True):
-            got = np.asarray(fn(hs, s, L))
-            assert got.shape == want.shape, f"head_size={hs}: want {want.shape}, got {got.shape}"
-            assert np.allclose(got, want, rtol=1e-6), (
-                f"head_size={hs}, factor={s}, original_context={L}: got\n{got}\nwant\n{want}\n"
-                f"(turns over the original context: L * theta_i / (2 pi); interpolate below 1 "
-                f"turn, keep above 32)"
-            )
+    for (hs, s, L), want in zip(settings, wants, strict=True):
+        got = np.asarray(fn(hs, s, L))
+        assert got.shape == want.shape, f"head_size={hs}: want {want.shape}, got {got.shape}"
+        assert np.allclose(got, want, rtol=1e-6), (
+            f"head_size={hs}, factor={s}, original_context={L}: got\n{got}\nwant\n{want}\n"
+            f"(turns over the original context: L * theta_i / (2 pi); interpolate below 1 "
+            f"turn, keep above 32)"
+        )

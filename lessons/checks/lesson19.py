@@ -8,13 +8,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from exercises import forbidden
 
 import minigrad as mg
 from decoder.model.model import IGNORE_INDEX
-from decoder.post import chat, losses
+from decoder.post import losses
 from decoder.post.chat import pad_batch
-from decoder.post.losses import DPOLoss
 from minigrad import functional as F
 
 
@@ -24,8 +22,7 @@ def test_masked_targets(fn):
     cases += [(rng.integers(0, 50, n).tolist(), int(rng.integers(2, n))) for n in range(3, 12)]
     for ids, n_prompt in cases:
         want_x, want_y = pad_batch([(ids, n_prompt)], pad_id=0)
-        with forbidden(fn, chat, "pad_batch", "build the two rows from the ids yourself"):
-            x, y = fn(list(ids), n_prompt)
+        x, y = fn(list(ids), n_prompt)
         x, y = np.asarray(x), np.asarray(y)
         assert x.shape == y.shape == (len(ids) - 1,), (
             f"a turn of {len(ids)} ids has {len(ids) - 1} inputs and targets, got {x.shape}, "
@@ -49,10 +46,8 @@ def test_response_logp(fn):
     y[1, 4:] = IGNORE_INDEX  # padding
     y[2, :] = IGNORE_INDEX  # a row with no response at all
     want = -F.cross_entropy(mg.tensor(logits), y, reduction="none").numpy().sum(axis=-1)
-    refuse = "compute the log-softmax from the logits with NumPy"
-    with forbidden(fn, F, "cross_entropy", refuse), forbidden(fn, F, "log_softmax", refuse):
-        got = np.asarray(fn(logits.copy(), y.copy()), dtype=np.float64)
-        big = np.asarray(fn(logits * 1000, y), dtype=np.float64)
+    got = np.asarray(fn(logits.copy(), y.copy()), dtype=np.float64)
+    big = np.asarray(fn(logits * 1000, y), dtype=np.float64)
     assert got.shape == (N,), f"one log-likelihood per row: shape {got.shape}, want ({N},)"
     assert np.allclose(got, want, atol=1e-6), (
         f"got {got}, want {want}: the sum (not the mean) of log p(target) over kept targets"
@@ -64,12 +59,10 @@ def test_response_logp(fn):
 def test_dpo_loss(fn):
     rng = np.random.default_rng(2)
     pc, pr, rc, rr = (-rng.uniform(5, 40, 8) for _ in range(4))
-    refuse = "write the loss from the four log-likelihoods with NumPy"
     for beta in (0.1, 0.5, 2.0):
         args = (mg.tensor(a, dtype="float64") for a in (pc, pr, rc, rr))
         want = losses.dpo_loss(*args, beta=beta)
-        with forbidden(fn, losses, "dpo_loss", refuse), forbidden(fn, DPOLoss, "forward", refuse):
-            got = float(fn(pc, pr, rc, rr, beta))
+        got = float(fn(pc, pr, rc, rr, beta))
         assert math.isclose(got, want.item(), rel_tol=1e-9), (
             f"beta={beta}: got {got}, want {want.item()}: the mean of "
             f"-log sigmoid(beta ((pc - rc) - (pr - rr)))"

@@ -30,18 +30,25 @@ def cross_entropy_grad(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 def count_parameters(config: ModelConfig) -> int:
     """The number of parameters of ``Decoder(config)``, from the config alone.
 
+    It covers the configs of lessons 5 to 7: multi-head (and grouped-query) attention
+    (``attention="mha"``) and a dense feed-forward network (``ffn`` "gelu" or "swiglu").
+    Multi-head latent attention and mixtures of experts (lesson 18) hold other matrices.
+
     >>> count_parameters(ModelConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4,
     ...                              n_embd=128))
     804096
     """
+    if config.attention != "mha" or config.ffn not in ("gelu", "swiglu"):
+        raise ValueError("counts attention='mha' with ffn 'gelu' or 'swiglu' only")
     C, V, H, b = config.n_embd, config.vocab_size, config.ffn_hidden, config.bias
     kv = config.n_kv_head * config.head_size  # the width of wk's and wv's outputs
 
-    def linear(n_in: int, n_out: int) -> int:
-        return n_in * n_out + (n_out if b else 0)
+    def linear(n_in: int, n_out: int, bias: bool = b) -> int:
+        return n_in * n_out + (n_out if bias else 0)
 
     norm = C * (2 if config.norm == "layer" and b else 1)  # gain, plus a shift for LayerNorm
-    attn = linear(C, C) + 2 * linear(C, kv) + linear(C, C)  # wq, wk, wv, wo
+    qkv_bias = b or config.qkv_bias  # Qwen2: biases on wq, wk, wv, none on wo
+    attn = linear(C, C, qkv_bias) + 2 * linear(C, kv, qkv_bias) + linear(C, C)  # wq wk wv wo
     if config.ffn == "gelu":
         ffn = linear(C, H) + linear(H, C)  # w1, w2
     else:

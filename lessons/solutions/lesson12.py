@@ -4,25 +4,32 @@ Reveal one in the notebook with ``%load solutions/lesson12.py``.
 """
 
 import math
-from collections.abc import Iterable
 
 import numpy as np
 
 
-def online_softmax(tiles: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, float]:
-    """softmax(scores) @ values and logsumexp(scores), from (s, v) tiles of keys read once."""
-    m, l, acc = -math.inf, 0.0, 0.0
-    for s, v in tiles:  # (bk,), (bk, hs): valid until the next tile is read
-        m_new = max(m, float(s.max()))
-        # subtle: while every key so far is masked, m_new = -inf and s - m_new would be
-        # -inf - -inf = NaN; re-basing on 0 gives p = 0 and alpha = 0, which is the truth.
-        m_safe = 0.0 if m_new == -math.inf else m_new
-        alpha = math.exp(m - m_safe)  # re-bases the old l and acc on the new max
-        p = np.exp(s - m_safe)  # (bk,)
-        l = alpha * l + p.sum()
-        acc = alpha * acc + p @ v  # (bk,) @ (bk, hs) -> (hs,): a new array, not a view
-        m = m_new
-    return acc / l, m + math.log(l)
+def online_softmax(
+    state: tuple[float, float, np.ndarray], s: np.ndarray, v: np.ndarray
+) -> tuple[float, float, np.ndarray]:
+    """One step of the online softmax of one row: the state (m, l, acc) of the keys read so
+    far, with the next tile's scores s (bk,) and values v (bk, hs) folded in.
+
+    >>> state = (-math.inf, 0.0, np.zeros(1))
+    >>> for s, v in [(np.array([0.0]), np.array([[1.0]])), (np.array([0.0]), np.array([[3.0]]))]:
+    ...     state = online_softmax(state, s, v)
+    >>> m, l, acc = state
+    >>> float(m), float(l), (acc / l).tolist()  # two equal scores: the mean of the values
+    (0.0, 2.0, [2.0])
+    """
+    m, l, acc = state
+    m_new = max(m, float(s.max()))
+    # subtle: while every key so far is masked, m_new = -inf and s - m_new would be
+    # -inf - -inf = NaN; re-basing on 0 gives p = 0 and alpha = 0, which is the truth.
+    m_safe = 0.0 if m_new == -math.inf else m_new
+    alpha = math.exp(m - m_safe)  # re-bases the old l and acc on the new max
+    p = np.exp(s - m_safe)  # (bk,)
+    # (bk,) @ (bk, hs) -> (hs,): new arrays, nothing that points into the tile's buffers
+    return m_new, alpha * l + float(p.sum()), alpha * acc + p @ v
 
 
 def merge_states(

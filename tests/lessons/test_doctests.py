@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 LESSONS = Path(__file__).resolve().parents[2] / "lessons"
-MODULES = ["exercises"] + [
+MODULES = ["exercises", "baseline", "pieces"] + [
     f"{folder}.{p.stem}"
     for folder in ("checks", "solutions")
     for p in sorted((LESSONS / folder).glob("lesson*.py"))

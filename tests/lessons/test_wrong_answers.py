@@ -90,3 +90,34 @@ def test_or_solution_answers_for_a_stub_and_lets_a_written_answer_through():
 
     assert or_solution("lesson08", "warmup_cosine", stub)(0, 1.0, 0.1, 4, 8) == 0.2
     assert or_solution("lesson08", "warmup_cosine", written)(0, 1.0, 0.1, 4, 8) == "mine"
+
+
+def test_a_check_leaves_the_library_and_the_profiler_as_they_were():
+    """The guard patches nothing: a refused call inside one check leaves the library working
+    after it (forbidden() once left a refusing stub in modules first imported during a check),
+    and the profile hook is removed even when the check fails."""
+    import sys
+
+    from wrong_answers.lesson08 import warmup_cosine_lr_at
+
+    from decoder.training import loop
+
+    lr_at = loop.lr_at
+    with pytest.raises(AssertionError, match="off limits"):
+        check("lesson08", "warmup_cosine", warmup_cosine_lr_at)
+    assert loop.lr_at is lr_at and sys.getprofile() is None
+    cfg = loop.TrainConfig(lr=1.0, min_lr=0.1, warmup_iters=0, lr_decay_iters=10, max_iters=10)
+    assert lr_at(10, cfg) == pytest.approx(0.1)
+
+
+def test_a_refusal_the_answer_catches_still_fails_the_check():
+    from minigrad.optim import cosine_lr
+
+    def sly(step, max_lr, min_lr, warmup_steps, decay_steps):
+        try:
+            return cosine_lr(step, max_lr, min_lr, warmup_steps, decay_steps)
+        except AssertionError:  # the guard's refusal, swallowed
+            return cosine_lr(step, max_lr, min_lr, warmup_steps, decay_steps)
+
+    with pytest.raises(AssertionError, match="off limits"):
+        check("lesson08", "warmup_cosine", sly)

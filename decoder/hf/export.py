@@ -87,17 +87,8 @@ def char_tokenizer_json(tokenizer: CharTokenizer) -> dict[str, Any]:
         "pre_tokenizer": None,
         "post_processor": None,
         "decoder": {"type": "Fuse"},
-        "model": {  # subtle: no merges, so every character stays a token of its own
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "vocab": tokenizer.stoi,
-            "merges": [],
-        },
+        # subtle: no merges, so every character stays a token of its own
+        "model": _bpe_model(tokenizer.stoi, []),
     }
 
 
@@ -108,6 +99,22 @@ def _added_tokens(special_tokens: dict[str, int]) -> list[dict[str, Any]]:
          "normalized": False, "special": True}
         for t, i in special_tokens.items()
     ]  # fmt: skip
+
+
+def _bpe_model(vocab: dict[str, int], merges: list[str], ignore_merges: bool = False) -> dict:
+    """tokenizer.json's ``model``: a BPE of this vocabulary and these merges, nothing else on."""
+    return {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        **({"ignore_merges": True} if ignore_merges else {}),
+        "vocab": vocab,
+        "merges": merges,
+    }
 
 
 def _merge_of(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
@@ -180,18 +187,8 @@ def byte_bpe_tokenizer_json(
         },
         "post_processor": None,
         "decoder": {**byte_level, "use_regex": True},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": True,
-            "vocab": {chars(token): rank for token, rank in ranks.items()},
-            "merges": merges,
-        },
+        # ignore_merges: a chunk that is a token whole stays whole, as in tiktoken
+        "model": _bpe_model({chars(t): rank for t, rank in ranks.items()}, merges, True),
     }
 
 

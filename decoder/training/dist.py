@@ -11,24 +11,9 @@ divided by the number of ranks, that is the gradient of the mean loss over all t
 ranks of b rows take the step one process takes with N * b rows. Clipping then runs on identical
 numbers everywhere, and every rank takes the same optimiser step.
 
-Ranks launched apart must agree: at the start (decoder.training.run.start_run) ``agree`` gathers
-every rank's configuration, ``--resume``, ``--zero``, data hash and start step, then a SHA-256 of
-its weights, and refuses on every rank, naming each field and the ranks that hold each value, a
-run whose ranks differ (they would deadlock in a later collective, or average different models).
-
-With ``zero=True`` (ZeRO stage 1, Rajbhandari et al. 2020) the optimiser's step is sharded:
-the parameters, flattened and padded to a multiple of N, are cut into N equal slices; each
-rank updates only its slice (so it keeps the moments of only its slice: a 1/N share of the
-optimiser's memory) and an ``Allgather`` hands every rank the others' slices. The update is
-elementwise, so the weights equal the unsharded run's. A checkpoint gathers the slices into
-the optimiser's ordinary state dict, so a run resumes with any number of ranks, sharded or not.
-
-On CuPy each rank takes a GPU of its own (its rank among the ranks on its host, modulo the
-host's GPUs), and the gradients' Allreduce and ZeRO's Allgather run on the GPUs through NCCL
-(``cupy.cuda.nccl``, set up over MPI at the first collective), with no copy to the host; MPI
-still carries the control plane (the has-a-gradient flags and the loss, stop flags, errors).
-Where NCCL is missing, or ranks share a GPU (NCCL refuses that), the gradients travel through
-host memory over MPI instead (the MPI wheels are not CUDA-aware), after a one-line note.
+Ranks launched apart must agree on the run (``agree``); ``--zero`` shards the optimiser's step
+(ZeRO stage 1, ``step``); on CuPy the collectives run on the GPUs through NCCL
+(``_device_comm``).
 
 mpi4py is imported only by ``DataParallel.from_mpi``: a run without ``--ddp`` never loads it.
 Left out: overlapping communication with the backward pass, and ZeRO's later stages (sharded
@@ -160,7 +145,16 @@ class DataParallel:
     def step(self, optimizer: Optimizer, grad_scale: float = 1.0) -> None:
         """The optimiser's step: whole on every rank, or under ZeRO-1 this rank's slice of the
         flat parameters, then an Allgather of the slices. ``grad_scale``: as ``Optimizer.step``'s
-        (clipping's factor)."""
+        (clipping's factor).
+
+        ZeRO stage 1 (Rajbhandari et al. 2020): the parameters, flattened and padded to a
+        multiple of N, are cut into N equal slices; each rank updates only its slice (so it keeps
+        the moments of only its slice: a 1/N share of the optimiser's memory) and an
+        ``Allgather`` hands every rank the others' slices. The update is elementwise, so the
+        weights equal the unsharded run's. A checkpoint gathers the slices into the optimiser's
+        ordinary state dict (``optimizer_state``), so a run resumes with any number of ranks,
+        sharded or not.
+        """
         if not self.zero:
             optimizer.step(grad_scale=grad_scale)
             return
@@ -199,7 +193,15 @@ class DataParallel:
     def _device_comm(self, params: Sequence[Tensor]) -> Any:
         """The NCCL communicator where the parameters are on CuPy and NCCL can serve every
         rank, else None (host memory over MPI). The first call on CuPy is a collective that
-        every rank makes alike (it comes with the first gradient, step or resume)."""
+        every rank makes alike (it comes with the first gradient, step or resume).
+
+        On CuPy each rank takes a GPU of its own (``use_local_gpu``), and the gradients'
+        Allreduce and ZeRO's Allgather run on the GPUs through NCCL (``cupy.cuda.nccl``, set up
+        over MPI here), with no copy to the host; MPI still carries the control plane (the
+        has-a-gradient flags and the loss, stop flags, errors). Where NCCL is missing, or ranks
+        share a GPU (NCCL refuses that), the gradients travel through host memory over MPI
+        instead (the MPI wheels are not CUDA-aware), after a one-line note.
+        """
         if xp_of(params[0].data) is np:
             return None
         if not self._transport_chosen:
@@ -310,7 +312,12 @@ class DataParallel:
         """Refuse, on every rank alike, a run whose ranks hold different ``values`` (settings,
         the start step, a checksum of the weights): a collective that every rank calls at the
         start, before any other, so ranks that disagree get this error instead of a collective
-        that never completes, or replicas that drift apart in silence."""
+        that never completes, or replicas that drift apart in silence.
+
+        decoder.training.run.start_run calls it twice: on every rank's configuration,
+        ``--resume``, ``--zero``, data hash and start step, then on a SHA-256 of its weights. The
+        refusal names each field and the ranks that hold each value.
+        """
         found = disagreements(self.comm.allgather({k: repr(v) for k, v in values.items()}))
         if found:
             raise ValueError(f"the ranks disagree on {what}: {'; '.join(found)}; {fix}")

@@ -2,10 +2,10 @@
 
 ``train_step`` is forward, loss, divergence check, backward, gradient clipping and the optimiser's
 step on one batch; ``estimate_loss`` scores fixed batches of each split in eval mode.
-decoder.training.loop (pre-training) and decoder.post.lora (LoRA) both call them, and so should any
-later trainer, so that a step means the same thing, and fails the same way, everywhere. A trainer
-whose loss is not the model's cross-entropy passes its own ``loss_fn`` to both (decoder.post.dpo:
-the DPO loss of a policy against a frozen reference).
+decoder.training.loop calls them for every trainer (pre-training, SFT, DPO, LoRA fine-tuning), so
+that a step means the same thing, and fails the same way, everywhere. A trainer whose loss is not
+the model's cross-entropy passes its own ``loss_fn`` to both (decoder.post.dpo: the DPO loss of a
+policy against a frozen reference).
 
 A step may accumulate: its batch is split into ``cfg.grad_accum_steps`` equal micro-batches, each
 loss scaled by 1/k before its backward pass, so the summed gradients are those of the whole batch's
@@ -15,15 +15,8 @@ and before clipping, so every rank clips and steps on the same numbers. In mixed
 (decoder.training.mixed_precision) the passes run in float16 with a scaled loss, and a step whose
 gradients overflowed is skipped.
 
-On the CPU a micro-batch runs as ``cfg.shards`` shards of its rows, shard 0 here and each other one
-in a worker process with the same model (decoder/training/shards.py; ``shard_count`` says when),
-each on one core with a one-thread BLAS: every part of the step then runs on every core, where a
-multi-threaded BLAS parallelises only the matrix products, a bit over half of a step at
-shakespeare-char's size. Each shard's mean loss is weighted by its share of the targets, so the
-gradients are the micro-batch's mean loss's, as in accumulation (equal to the unsharded ones up to
-float rounding: the sums run in another order), and they are added into ``.grad`` in shard order:
-the same numbers on every run, and with fewer cores than shards (the shards then run one after
-another here).
+On the CPU a micro-batch may run as row shards on every core (``_sharded_pass``), with the same
+gradients up to float rounding.
 
 Left out on purpose: choosing the batch and the learning rate (each trainer has its own
 generator and schedule: minigrad.optim.set_lr).
@@ -208,7 +201,17 @@ def shard_count(
 def _sharded_pass(model: Decoder, x: np.ndarray, y: np.ndarray, n: int, scale: float) -> float:
     """Forward and backward of one micro-batch as ``n`` row shards, in worker processes
     (decoder/training/shards.py) where there are enough cores, else one after another here; adds
-    ``scale`` times its gradients into ``.grad`` and returns its mean loss."""
+    ``scale`` times its gradients into ``.grad`` and returns its mean loss.
+
+    Why: shard 0 runs here and each other one in a worker process with the same model, each on
+    one core with a one-thread BLAS, so every part of the step runs on every core, where a
+    multi-threaded BLAS parallelises only the matrix products, a bit over half of a step at
+    shakespeare-char's size (``shard_count`` says when it applies). Each shard's mean loss is
+    weighted by its share of the targets, so the gradients are the micro-batch's mean loss's,
+    as in accumulation (equal to the unsharded ones up to float rounding: the sums run in
+    another order), and they are added into ``.grad`` in shard order: the same numbers on every
+    run, and with fewer cores than shards.
+    """
     xs, ys = np.array_split(x, n), np.array_split(y, n)  # (B, T) -> n x (about B / n, T)
     counts = [int((shard != IGNORE_INDEX).sum()) for shard in ys]  # each shard's mean is over
     weights = [c / sum(counts) for c in counts]  # its own targets: weight it by their share

@@ -11,10 +11,12 @@ Mistral's ``sliding_window`` becomes our ``window`` on every layer, and Qwen2's 
 ``layer_types`` (or its older ``max_window_layers``) our ``window_pattern``; a Llama-layout
 model windowed on every layer saves as a MistralForCausalLM. RoPE scaling of the types
 ``linear`` and ``llama3`` (Llama 3.1 and 3.2) becomes our ``rope_scaling`` of the same name
-(decoder.model.positional). Left out on purpose: ``dynamic`` (the frequencies change with each
-input's length) and ``yarn`` (transformers ramps over the dimension index, ours over the
-turns: not the same model). Follows the configs of Hugging Face transformers' ``GPT2Config``
-and ``LlamaConfig``.
+(decoder.model.positional), ``yarn`` our ``yarn-code`` (transformers ramps over the pair
+index, as YaRN's authors' code does; our ``yarn`` follows the paper, over the turns), and
+``dynamic`` plain RoPE: dynamic NTK changes the frequencies only for inputs longer than
+``max_position_embeddings``, which is the loaded model's context, so within it the two are the
+same function (saved back, it is written as plain RoPE). Follows the configs of Hugging Face
+transformers' ``GPT2Config`` and ``LlamaConfig``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from decoder.model.config import ModelConfig
-from decoder.model.positional import LLAMA3_HIGH, LLAMA3_LOW
+from decoder.model.positional import (
+    LLAMA3_HIGH,
+    LLAMA3_LOW,
+    NEEDS_ORIGINAL_CONTEXT,
+    YARN_ALPHA,
+    YARN_BETA,
+)
 
 # architecture -> (family, model_type) for the ones we load and save
 ARCHITECTURES = {
@@ -189,8 +197,11 @@ def _llama_fields(f: _Fields, arch: str) -> dict[str, Any]:
 ROPE_TYPES = {
     "default": (None, {}),
     "linear": ("linear", {}),
+    "dynamic": (None, {}),  # plain RoPE within max_position_embeddings (the docstring says why)
+    "yarn": ("yarn-code", {"beta_fast": YARN_BETA, "beta_slow": YARN_ALPHA, "truncate": True}),
     "llama3": ("llama3", {"low_freq_factor": LLAMA3_LOW, "high_freq_factor": LLAMA3_HIGH}),
 }
+HF_ROPE_TYPE = {ours: theirs for theirs, (ours, _) in ROPE_TYPES.items() if ours is not None}
 
 
 def _rope(f: _Fields) -> dict[str, Any]:
@@ -203,12 +214,17 @@ def _rope(f: _Fields) -> dict[str, Any]:
     if rope_type not in ROPE_TYPES:
         raise PretrainedError(
             f"config.json asks for RoPE scaling {rope_type!r} ({rope}); this loader implements "
-            f"{sorted(ROPE_TYPES)} (not dynamic NTK, whose frequencies change with the input's "
-            f"length, nor transformers' YaRN, whose ramp differs from ours)"
+            f"{sorted(ROPE_TYPES)}"
         )
     scaling, fixed = ROPE_TYPES[rope_type]
-    original = rope.pop("original_max_position_embeddings", None) if scaling == "llama3" else None
-    factor = float(rope.pop("factor", 1.0)) if scaling else 1.0
+    original = rope.pop("original_max_position_embeddings", None)
+    factor = float(rope.pop("factor", 1.0))
+    if rope_type == "dynamic" and original not in (None, f.get("max_position_embeddings")):
+        raise PretrainedError(
+            f"config.json's dynamic RoPE scaling starts at original_max_position_embeddings="
+            f"{original}, inside max_position_embeddings={f.get('max_position_embeddings')}: "
+            f"this loader implements it only where the two are the same (plain RoPE within)"
+        )
     unknown = {k: v for k, v in rope.items() if fixed.get(k, object()) != v}
     if unknown:
         raise PretrainedError(
@@ -216,7 +232,10 @@ def _rope(f: _Fields) -> dict[str, Any]:
             f"honour{f' (it implements {fixed})' if fixed else ''}"
         )
     return dict(
-        rope_theta=theta, rope_scaling=scaling, rope_factor=factor, rope_original_context=original
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_factor=factor if scaling else 1.0,
+        rope_original_context=original if scaling in NEEDS_ORIGINAL_CONTEXT else None,
     )
 
 
@@ -225,17 +244,14 @@ def _rope_to_hf(c: ModelConfig) -> dict[str, Any]:
     transformers and ``_rope`` share."""
     if c.rope_scaling is None:
         return {"rope_theta": c.rope_theta}
-    if c.rope_scaling not in ROPE_TYPES:
+    if c.rope_scaling not in HF_ROPE_TYPE:
         raise PretrainedError(
             f"rope_scaling={c.rope_scaling!r}: the Llama family's config.json shares only "
-            f"{sorted(k for k in ROPE_TYPES if k != 'default')} with our RoPE scalings"
+            f"{sorted(HF_ROPE_TYPE)} with our RoPE scalings"
         )
-    scaling = {
-        "rope_type": c.rope_scaling,
-        "factor": c.rope_factor,
-        **ROPE_TYPES[c.rope_scaling][1],
-    }
-    if c.rope_scaling == "llama3":
+    rope_type = HF_ROPE_TYPE[c.rope_scaling]
+    scaling = {"rope_type": rope_type, "factor": c.rope_factor, **ROPE_TYPES[rope_type][1]}
+    if c.rope_scaling in NEEDS_ORIGINAL_CONTEXT:
         scaling["original_max_position_embeddings"] = c.rope_original_context
     return {"rope_theta": c.rope_theta, "rope_scaling": scaling}
 

@@ -49,7 +49,7 @@ class ModelConfig:
     parallel_block: bool = False  # attention and FFN side by side, as in PaLM and Falcon
     pos: str = "learned"  # one of decoder.model.positional.POSITIONS
     rope_theta: float = 10000.0  # RoPE's base wavelength (the RoFormer paper's value)
-    rope_scaling: str | None = None  # "linear", "ntk", "yarn", "llama3": RoPE past its training
+    rope_scaling: str | None = None  # one of positional.ROPE_SCALINGS: RoPE past its training
     rope_factor: float = 1.0  # how many times the training context the scaling stretches to
     rope_original_context: int | None = None  # the training context (yarn's, llama3's ramp)
     dropout: float = 0.0  # on attention weights, residual branches and embeddings

@@ -13,8 +13,9 @@ token, unchanged. Two families fix that:
 
 RoPE stretches to contexts longer than the training one by changing its frequencies
 (``rope_frequencies``): "linear" position interpolation, the "ntk"-aware change of base,
-"yarn", which interpolates only the slow pairs and scales the scores by a temperature, and
-"llama3", Llama 3.1's ramp of the same shape without the temperature.
+"yarn", which interpolates only the slow pairs and scales the scores by a temperature (as the
+paper writes it; "yarn-code" as its authors' code and transformers compute it, which the YaRN
+checkpoints need), and "llama3", Llama 3.1's ramp of the same shape without the temperature.
 
 Every scheme has a helper returning plain NumPy arrays for the lessons' plots.
 Left out on purpose: interleaved-pair RoPE (GPT-J, Meta's Llama code), dynamic (per-length)
@@ -41,13 +42,14 @@ if TYPE_CHECKING:  # for annotations only: decoder.model.config imports this mod
     from decoder.model.config import ModelConfig
 
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
-ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")  # or None: RoPE as trained
+ROPE_SCALINGS = ("linear", "ntk", "yarn", "yarn-code", "llama3")  # or None: RoPE as trained
 # YaRN's ramp (the paper's alpha and beta, its values for Llama): pairs turning fewer than
 # YARN_ALPHA times over the original context are interpolated, more than YARN_BETA times kept.
 YARN_ALPHA, YARN_BETA = 1.0, 32.0
 # Llama 3.1's ramp (its low_freq_factor and high_freq_factor), the same shape as YaRN's
 LLAMA3_LOW, LLAMA3_HIGH = 1.0, 4.0
 RAMPS = {"yarn": (YARN_ALPHA, YARN_BETA), "llama3": (LLAMA3_LOW, LLAMA3_HIGH)}
+NEEDS_ORIGINAL_CONTEXT = (*RAMPS, "yarn-code")  # the scalings whose ramp counts turns over it
 
 
 def _check_span(name: str, T: int, offset: int, block_size: int) -> None:
@@ -148,6 +150,12 @@ def rope_frequencies(
         never seen past one cycle) interpolated, fast pairs (many turns) left as they are.
         cos and sin are multiplied by sqrt(1 / t) = 0.1 ln(factor) + 1, so every score
         q . k is divided by the temperature t;
+      - "yarn-code": YaRN as its authors' code and Hugging Face transformers compute it (the
+        YaRN checkpoints on the hub use it): the same temperature and ends of the ramp, but the
+        ramp runs linearly over the pair index i, between the pairs that turn YARN_BETA and
+        YARN_ALPHA times over the original context (rounded outwards to whole pairs), where
+        the paper's runs linearly over the turns r_i: the pairs in between are stretched
+        differently (``_pair_ramp``);
       - "llama3" (Llama 3.1 and 3.2): YaRN's ramp between LLAMA3_LOW and LLAMA3_HIGH turns,
         without the temperature.
 
@@ -183,7 +191,30 @@ def rope_frequencies(
         gamma = np.clip((turns - low) / (high - low), 0.0, 1.0)  # (hs/2,)
         freqs = (1 - gamma) * freqs / factor + gamma * freqs
         return freqs, 0.1 * math.log(factor) + 1.0 if scaling == "yarn" else 1.0
+    if scaling == "yarn-code":
+        kept = 1 - _pair_ramp(head_size, theta, original_context)  # (hs/2,) 1: as trained
+        return kept * freqs + (1 - kept) * freqs / factor, 0.1 * math.log(factor) + 1.0
     return freqs, 1.0
+
+
+def _pair_ramp(head_size: int, theta: float, original_context: int) -> np.ndarray:
+    """ "yarn-code"'s share of interpolation per pair, (hs/2,) in [0, 1]: 0 up to the pair
+    that turns YARN_BETA times over ``original_context``, 1 from the one that turns YARN_ALPHA
+    times, linear in the pair index between (transformers' ``_compute_yarn_parameters``).
+
+    >>> _pair_ramp(8, 10000.0, 64).tolist()  # pair 0 turns ~10 times, pair 3 ~0.01 times
+    [0.0, 0.5, 1.0, 1.0]
+    """
+
+    def pair_turning(turns: float) -> float:  # the (fractional) i with r_i = turns
+        return (
+            head_size * math.log(original_context / (turns * 2 * math.pi)) / (2 * math.log(theta))
+        )
+
+    low = max(math.floor(pair_turning(YARN_BETA)), 0)
+    high = min(math.ceil(pair_turning(YARN_ALPHA)), head_size - 1)
+    high = high if high > low else low + 0.001  # subtle: transformers' guard against 0 / 0
+    return np.clip((np.arange(head_size // 2) - low) / (high - low), 0.0, 1.0)
 
 
 def rope_settings(config: ModelConfig) -> dict:
@@ -217,7 +248,7 @@ def check_rope_scaling(scaling: str | None, factor: float, original_context: int
             f"rope_factor={factor} has no effect without rope_scaling: set rope_scaling to "
             f"one of {ROPE_SCALINGS}, or leave rope_factor at 1"
         )
-    if scaling in RAMPS and original_context is None:
+    if scaling in NEEDS_ORIGINAL_CONTEXT and original_context is None:
         raise ValueError(
             f"rope_scaling={scaling!r} needs rope_original_context, the context length the model "
             "was trained at (its ramp counts each pair's turns over that length)"

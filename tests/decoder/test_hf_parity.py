@@ -1,6 +1,7 @@
-"""Hugging Face parity (issue 28): Llama 3.x's RoPE scaling (and linear), a Llama config that
-names a sliding window it does not use, and a tied config whose file carries its own head,
-each against transformers on a tiny random model built offline."""
+"""Hugging Face parity (issue 28): Llama 3.x's RoPE scaling (and linear, YaRN, dynamic NTK), a
+Llama config that
+names a sliding window it does not use, and a tied config whose file carries its own
+head, each against transformers on a tiny random model built offline."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ LLAMA3 = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }  # fmt: skip
+# trained on 32 positions, run on 128: with theta 500000 and head size 32, transformers' ramp
+# (over the pair index) keeps pairs the paper's (over the turns) would interpolate
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+OURS = {"llama3": "llama3", "linear": "linear", "yarn": "yarn-code"}
 
 
 def wide_llama(tf, rope_scaling):
@@ -38,12 +43,14 @@ def wide_llama(tf, rope_scaling):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("rope_scaling", [LLAMA3, {"rope_type": "linear", "factor": 2.0}])
+@pytest.mark.parametrize(
+    "rope_scaling", [LLAMA3, {"rope_type": "linear", "factor": 2.0}, YARN], ids=OURS
+)
 def test_rope_scaling_matches_transformers_and_saves_back(tf, tmp_path, rope_scaling):
     theirs = wide_llama(tf, rope_scaling)
     theirs.save_pretrained(tmp_path / "theirs")
     ours = from_pretrained(tmp_path / "theirs")
-    assert ours.config.rope_scaling == rope_scaling["rope_type"]
+    assert ours.config.rope_scaling == OURS[rope_scaling["rope_type"]]
     c = ours.config
     freqs, _ = rope_frequencies(
         32, c.rope_theta, c.rope_scaling, c.rope_factor, c.rope_original_context
@@ -63,6 +70,25 @@ def test_rope_scaling_matches_transformers_and_saves_back(tf, tmp_path, rope_sca
     save_pretrained(ours, tmp_path / "ours")
     back = type(theirs).from_pretrained(tmp_path / "ours").eval()
     np.testing.assert_allclose(hf_logits(back, ids), expected, atol=tol)
+
+
+def test_transformers_yarn_ramps_over_the_pair_index_where_the_paper_ramps_over_the_turns():
+    code, m_code = rope_frequencies(32, 500000.0, "yarn-code", 4.0, original_context=32)
+    paper, m_paper = rope_frequencies(32, 500000.0, "yarn", 4.0, original_context=32)
+    assert m_code == m_paper  # the same temperature, 0.1 ln(4) + 1
+    assert code[0] == 1.0 and paper[0] < 0.5  # pair 0 turns 5 times over 32: kept, or not
+    np.testing.assert_allclose(code[3:], paper[3:])  # both interpolate the slow pairs alike
+
+
+@pytest.mark.oracle
+def test_dynamic_ntk_is_plain_rope_within_the_context_as_in_transformers(tf, tmp_path):
+    theirs = wide_llama(tf, {"rope_type": "dynamic", "factor": 4.0})
+    theirs.save_pretrained(tmp_path / "theirs")
+    ours = from_pretrained(tmp_path / "theirs")
+    assert ours.config.rope_scaling is None and ours.config.block_size == 128
+    ids = np.random.default_rng(0).integers(0, V, size=(1, 128))  # the whole context
+    expected = hf_logits(theirs, ids)
+    np.testing.assert_allclose(ours(ids)[0].data, expected, atol=1e-5 * np.abs(expected).max())
 
 
 @pytest.mark.oracle

@@ -427,12 +427,33 @@ LLAMA_CONFIG = {
     [
         ({"layer_types": ["chunked_attention"]}, r"layer_types \['chunked_attention'\]"),
         ({"layer_types": ["sliding_attention"]}, "sliding ones needing a window"),
-        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "RoPE scaling 'dynamic'"),
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "dynamic",
+                    "factor": 2.0,
+                    "original_max_position_embeddings": 32,
+                }
+            },
+            "dynamic RoPE scaling starts at original_max_position_embeddings=32",
+        ),
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "RoPE scaling 'longrope'"),
         (
             {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0}},
             r"'llama3' sets \{'low_freq_factor': 2.0\}",
         ),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "RoPE scaling 'yarn'"),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "beta_fast": 16.0,
+                    "original_max_position_embeddings": 16,
+                    "rope_theta": 1e4,
+                }
+            },
+            r"'yarn' sets \{'beta_fast': 16.0\}",
+        ),
         ({"head_dim": 4}, "head_dim=4"),
         ({"attention_bias": True}, "attention_bias=True but mlp_bias=False"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),

@@ -27,8 +27,8 @@ here, else tiktoken's ``gpt2`` for GPT-2, the ``tokenizer.json`` beside the weig
 Llama family (decoder/hf/tokenizer.py).
 
 Sliding windows (Mistral's, Qwen2's) are translated with the config (decoder/hf/config.py).
-Left out on purpose: RoPE scaling of the types dynamic and yarn (decoder/hf/config.py says
-why), quantised weights, and the other architectures.
+Left out on purpose: quantised weights, the RoPE scalings decoder/hf/config.py does not
+translate (longrope, dynamic NTK past the context), and the other architectures.
 Follows the layouts of Hugging Face transformers' ``modeling_gpt2.py`` and
 ``modeling_llama.py``, and picoGPT's GPT-2 loader.
 """

@@ -65,6 +65,12 @@ def test_a_character_model_loads_in_transformers_with_its_tokenizer(
     back, back_tok = load_pretrained(tmp_path)  # and back into ours, characters and all
     assert back_tok.to_dict() == tokenizer.to_dict()
     np.testing.assert_allclose(back(np.array([ids]))[0].data, ours(np.array([ids]))[0].data)
+    # saved again by transformers (which adds a post-processor and tokenizer_config.json):
+    # still our characters
+    theirs.save_pretrained(tmp_path / "again")
+    theirs_tok.save_pretrained(tmp_path / "again")
+    _, again_tok = load_pretrained(tmp_path / "again")
+    assert again_tok.to_dict() == tokenizer.to_dict()
 
 
 @pytest.mark.parametrize(

@@ -292,6 +292,6 @@ def _remember(lesson: str, name: str, answer: Any) -> str:
 
     try:
         path = pieces.record(lesson, name, answer)
-    except OSError:  # a read-only checkout: the answer still passed
-        return ""
+    except Exception as e:  # a read-only checkout, a source it cannot read: the answer passed
+        return f" (Not saved for later lessons: {type(e).__name__}: {e}.)"
     return "" if path is None else f" Saved to mine/{path.name}: later lessons build with it."

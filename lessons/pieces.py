@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dis
 import inspect
 import math
 import sys
@@ -109,7 +110,8 @@ def _sources(answer: Callable[..., Any]) -> str:
                 visit(value)
                 defined.append(inspect.getsource(value))
             elif inspect.isfunction(value) or inspect.isclass(value) or callable(value):
-                module, qualname = getattr(value, "__module__", None), value.__qualname__
+                module = getattr(value, "__module__", None)
+                qualname = getattr(value, "__qualname__", "<an object>")
                 if not module or "." in qualname or "<" in qualname:
                     raise ValueError(f"cannot record {name}")
                 imports.append(f"from {module} import {qualname} as {name}")
@@ -132,7 +134,12 @@ def _global_names(fn: Any) -> set[str]:
     names: set[str] = set()
     while codes:
         code = codes.pop()
-        names.update(code.co_names)
+        # the names it loads as globals; co_names also holds attribute names (layer.base)
+        names.update(
+            op.argval
+            for op in dis.get_instructions(code)
+            if op.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL")
+        )
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
     return {n for n in names if not hasattr(builtins, n)}
 

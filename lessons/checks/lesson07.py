@@ -34,7 +34,7 @@ def test_cross_entropy_grad(fn):
 
 
 def random_config(rng: np.random.Generator) -> ModelConfig:
-    """A small ModelConfig of the kind exercise 2 covers (attention="mha", ffn "gelu" or
+    """A small ModelConfig of the kind count_parameters covers (attention="mha", ffn "gelu" or
     "swiglu"), every field the count depends on drawn at random."""
     while True:
         n_head = int(rng.choice([1, 2, 3, 4]))

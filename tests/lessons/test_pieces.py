@@ -253,3 +253,28 @@ def test_pieces_adamw_equals_adamw_after_clipping():
 def test_the_examples_in_pieces_run():
     result = doctest.testmod(pieces, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_an_attribute_named_like_a_notebook_global_is_not_recorded_as_one(tmp_path, mine):
+    """``layer.base`` reads an attribute, not the notebook's global ``base`` (a model there):
+    only the names an answer loads as globals travel with it."""
+    namespace = notebook(
+        tmp_path,
+        """
+        import numpy as np
+        from exercises import check
+
+        base = object()  # lesson 15's notebook holds its base model under this name
+
+
+        def merged_weight(layer):
+            W = layer.base.weight.numpy()
+            return W + layer.scale * (layer.A.numpy() @ layer.B.numpy()).T
+
+
+        check("lesson15", "merged_weight", merged_weight)
+        """,
+    )
+    assert (mine / "lesson15_merged_weight.py").is_file()
+    assert "base" not in (mine / "lesson15_merged_weight.py").read_text().split("def ")[0]
+    assert pieces.load("lesson15", "merged_weight").__name__ == namespace["merged_weight"].__name__

@@ -55,12 +55,16 @@ def matmul_backward_by_default_argument(x, w, grad_out, tensor=mg.Tensor):
     return x_t.grad, w_t.grad
 
 
-class SinIgnoresUpstream(mg.Function):
+class _Sin(mg.Function):
+    """sin's forward, right: each wrong answer below gets its backward wrong its own way."""
+
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
         return np.sin(x)
 
+
+class SinIgnoresUpstream(_Sin):
     @staticmethod
     def backward(ctx, grad_out):
         (x,) = ctx.saved
@@ -71,14 +75,9 @@ def sin_ignores_upstream(x):
     return SinIgnoresUpstream.apply(x)
 
 
-class SinFiniteDifference(mg.Function):
+class SinFiniteDifference(_Sin):
     """A backward that never uses cos: a central difference with the best step for float64,
     right to about 1e-11 near 0."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return np.sin(x)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -91,13 +90,8 @@ def sin_finite_difference(x):
     return SinFiniteDifference.apply(x)
 
 
-class SinFivePoint(mg.Function):
+class SinFivePoint(_Sin):
     """A fourth-order stencil: right to about 2e-13 near 0, still numerical."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return np.sin(x)
 
     @staticmethod
     def backward(ctx, grad_out):

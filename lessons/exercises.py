@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,6 +39,13 @@ class NotAttempted(Exception):
 def todo() -> None:
     """The body of an untouched exercise stub: replace the call with your code."""
     raise NotAttempted("this exercise is still a stub: replace todo() with your code")
+
+
+def fresh_seed() -> int:
+    """A seed new on every run (from the OS), for a check that draws its cases at random: a
+    wrong answer right only on fixed inputs meets new ones each time. Name it in a failure
+    message, so the case can be replayed with ``np.random.default_rng(seed)``."""
+    return int.from_bytes(os.urandom(8), "little")
 
 
 def solution(lesson: str, name: str) -> Any:

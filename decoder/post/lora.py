@@ -69,7 +69,7 @@ from decoder.training.checkpoint import (
 )
 from decoder.training.config import TrainConfig
 from decoder.training.log import LOG, PLOT, read_log
-from decoder.training.loop import loop
+from decoder.training.loop import evaluates_at, loop
 from decoder.training.run import Run
 from decoder.training.rundir import claim_dir
 from minigrad.backend import to_numpy
@@ -192,12 +192,11 @@ def _save_adapters(run: Run, settings: dict[str, Any]) -> None:
     with the validation loss before training and, where the loop has just evaluated, now."""
     cfg, out_dir = run.train_cfg, run.out_dir
     save_safetensors(out_dir / ADAPTERS, lora_state_dict(run.model))
-    evaluated = run.step == cfg.max_iters or run.step % cfg.eval_interval == 0
     record = {
         **settings,
         "step": run.step,
         "val_loss_before": read_log(out_dir)[0]["val_loss"],  # the loop's evaluation at step 0
-        "val_loss_after": run.losses["val"] if evaluated else None,
+        "val_loss_after": run.losses["val"] if evaluates_at(run.step, cfg) else None,
         "sha256": {ADAPTERS: sha256_file(out_dir / ADAPTERS)},  # checked on load
     }
     with atomic_write(out_dir / SETTINGS, text=True) as f:

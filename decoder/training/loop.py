@@ -194,7 +194,7 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
                     bar.set_postfix(**_postfix(run, losses[-1], tokens_per_s, lr))
                 bar.update(1)
 
-                if run.step % cfg.eval_interval == 0 or run.step == cfg.max_iters:
+                if evaluates_at(run.step, cfg):
                     evaluate(run, tokens_per_s)
                     interval_time, interval_steps = 0.0, 0
                     if run.is_main:  # the other ranks do not evaluate
@@ -230,6 +230,12 @@ def loop(run: Run, until: int | None, progress: bool) -> tuple[list[float], floa
         finally:
             bar.close()
     return losses, B * ranks * T * len(losses) / train_time if train_time > 0 else 0.0
+
+
+def evaluates_at(step: int, cfg: TrainConfig) -> bool:
+    """Whether the loop evaluates (and saves) after ``step``: every ``eval_interval`` steps and
+    at the last."""
+    return step % cfg.eval_interval == 0 or step == cfg.max_iters
 
 
 def take_step(run: Run, lr: float, B: int) -> float:

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+from exercises import fresh_seed
 
 import minigrad as mg
 from minigrad import autograd
@@ -47,7 +46,7 @@ def random_shape(rng: np.random.Generator, ndim: int) -> tuple[int, ...]:
 
 
 def test_central_difference(fn):
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = fresh_seed()
     rng = np.random.default_rng(seed)
 
     def g(t):  # f below is a sum of g over the elements: its exact central difference is known

@@ -6,9 +6,9 @@ The text is this package's BPE source: varied English and code, and no download.
 from __future__ import annotations
 
 import inspect
-import os
 
 import numpy as np
+from exercises import fresh_seed
 
 import decoder.text.bpe
 from decoder.text.bpe import BPETokenizer
@@ -39,7 +39,7 @@ def test_train_bpe(fn):
     )
     assert fn("a, a, a, b", 1) == [(32, 97)], '", " spans two chunks: it must not be merged'
     # short random texts over a few letters, full of ties, against the library
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = fresh_seed()
     rng = np.random.default_rng(seed)
     for _ in range(6):
         words = ["".join(rng.choice(list("abcd"), size=rng.integers(1, 7))) for _ in range(8)]

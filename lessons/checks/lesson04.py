@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+from exercises import fresh_seed
 
 import minigrad as mg
 from decoder.model.positional import RoPE
@@ -25,7 +24,7 @@ def test_embedding_backward(fn):
 
 
 def test_rope_rotate(fn):
-    seed = int.from_bytes(os.urandom(4), "little")
+    seed = fresh_seed()
     g = np.random.default_rng(seed)
     # random even head sizes (never only 8) and positions, against the library's RoPE
     sizes = [int(n) for n in 2 * g.integers(1, 33, size=3)]

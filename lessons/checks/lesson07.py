@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+from exercises import fresh_seed
 
 import minigrad as mg
 from decoder.model.config import ModelConfig
@@ -64,7 +63,7 @@ def random_config(rng: np.random.Generator) -> ModelConfig:
 
 
 def test_count_parameters(fn):
-    rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))  # new configs each run
+    rng = np.random.default_rng(fresh_seed())  # new configs each run
     small = dict(vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32)
     configs = [
         build_configs("shakespeare-char", vocab_size=65)[0],

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+from exercises import fresh_seed
 
 from decoder.model.config import ModelConfig
 from decoder.model.model import Decoder
@@ -27,7 +26,7 @@ ALLOWED = {
 
 def fresh_rng() -> np.random.Generator:
     """A generator seeded anew on every run, so no answer can learn the checked cases."""
-    return np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+    return np.random.default_rng(fresh_seed())
 
 
 def test_merged_weight(fn):

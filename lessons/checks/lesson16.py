@@ -3,18 +3,18 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from exercises import fresh_seed
 
 from decoder.hf.pretrained import K, Q, V, to_ours
 from minigrad.serialization import save_safetensors
 
 
 def test_read_header(fn):
-    g = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))  # new every run
+    g = np.random.default_rng(fresh_seed())  # new every run
     shape = tuple(int(n) for n in g.integers(1, 6, int(g.integers(1, 4))))
     dtype, code = [(np.float64, "F64"), (np.int32, "I32"), (np.uint8, "U8")][int(g.integers(3))]
     drawn = f"blocks.{int(g.integers(100))}.w"

@@ -5,9 +5,8 @@ at temperature 0; each with the function that would answer it off limits."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+from exercises import fresh_seed
 
 import minigrad as mg
 from decoder.model import decoding, mla
@@ -21,7 +20,7 @@ ALLOWED = {"kv_bytes_per_token": ("decoder.model.config.ModelConfig.head_size",)
 
 def fresh_rng() -> np.random.Generator:
     """A generator seeded anew on every run, so no answer can learn the checked cases."""
-    return np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+    return np.random.default_rng(fresh_seed())
 
 
 def random_config(g: np.random.Generator) -> ModelConfig:

@@ -185,7 +185,7 @@ def test_a_piece_that_fails_to_load_falls_back_with_a_note(mine, capsys, text, w
 
 
 def test_an_answer_may_not_reach_the_solutions_through_pieces(tmp_path):
-    with pytest.raises(AssertionError, match=r"pieces\.load"):  # the guard, or load's own refusal
+    with pytest.raises(AssertionError, match=r"called pieces\.load, which is off limits"):
         notebook(
             tmp_path,
             """

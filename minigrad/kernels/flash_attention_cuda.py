@@ -11,6 +11,15 @@ through `minigrad.kernels.emulator`, whose RawModule has CuPy's calling conventi
 place that tells the two apart is `_runtime`, so every launch (grid, block, shared memory,
 argument order) is tested on machines without a GPU too.
 
+Two sets of kernels compute the same thing: `flash_attention.cu`, every product a scalar
+fmaf in float32 (the one a learner reads first), and `flash_attention_mma.cu`, the products on
+the tensor cores of an sm_80 or newer GPU, in TF32 or 3xTF32. The `tensor_cores` argument
+picks: "auto" (the default) follows `minigrad.set_float32_matmul_precision`, the switch that
+lets matmuls use TF32: "highest" (the default) keeps the fmaf kernels, "high" takes the
+tensor cores in TF32; "off", "tf32" and "3xtf32" (about float32's accuracy) choose directly.
+Both are tested against the twin; `bench/kernel_counts.py` and `bench/attention.py` measure
+both.
+
 Leaves out: float16/bfloat16 and float64 (the kernels are float32 only), head sizes outside
 16..128, and autograd wiring. cupy is imported inside the functions, so this module imports
 on a machine without a GPU.
@@ -34,6 +43,7 @@ from minigrad.backend import xp_of
 Array = Any  # a cupy.ndarray (or a NumPy one for the emulator): no real annotation
 
 _SOURCE = Path(__file__).with_name("flash_attention.cu")
+_MMA_SOURCE = Path(__file__).with_name("flash_attention_mma.cu")
 # static_assert in the source needs C++11; stated so that every CuPy version compiles it alike.
 # No --use_fast_math: accurate expf/logf keep the kernels within ~1e-6 of the twin.
 _COMPILE_OPTIONS = ("-std=c++14",)
@@ -45,6 +55,17 @@ _TILES = {
     "flash_attn_bwd_dq": (64, 32, 16),
     "flash_attn_bwd_dkdv": (32, 16),
 }
+# The tensor-core kernels: a block is 4 warps owning 64 rows (BM in flash_attention_mma.cu); the
+# tile the loop walks (KT) is the largest of these that fits, 32 at most above hs 64, where
+# two 64-row accumulators of the dK/dV kernel would spill (ptxas, sm_90).
+_MMA_TILES = {
+    "flash_mma_fwd": (64, 32, 16),
+    "flash_mma_bwd_dq": (64, 32, 16),
+    "flash_mma_bwd_dkdv": (64, 32, 16),
+}
+_MMA_ROWS, _MMA_THREADS = 64, 128
+# tensor_cores= values: the mma kernels' PASSES (None: the fmaf kernels).
+TENSOR_CORES = {"off": None, "tf32": 1, "3xtf32": 3}
 _ROWS_PER_THREAD, _LANES_PER_ROW = 4, 16  # RT and TC in the .cu: a block's thread grid
 _PREPROCESS_THREADS = 128  # flash_attn_bwd_preprocess: four warps, one query row each
 # Above 128 the accumulators outgrow the registers; below 16 most lanes of P V would idle.
@@ -67,11 +88,45 @@ def _runtime(x: Array) -> tuple[ModuleType, Any, dict]:
 
 
 @cache
-def _module(raw_module: Any, tile: int, hs: int) -> Any:
-    """The kernels built with `tile`-row tiles for head size hs; compiled on first use, then
-    cached (CuPy and the emulator also keep the binary on disk, keyed by source and options)."""
-    options = (*_COMPILE_OPTIONS, f"-DTILE={tile}", f"-DHS={hs}")
-    return raw_module(code=_SOURCE.read_text(), options=options)
+def _module(raw_module: Any, tile: int, hs: int, passes: int | None = None) -> Any:
+    """The kernels built with `tile`-row tiles for head size hs: the fmaf kernels, or with
+    `passes` the tensor-core ones; compiled on first use, then cached (CuPy and the emulator
+    also keep the binary on disk, keyed by source and options)."""
+    if passes is None:
+        options = (*_COMPILE_OPTIONS, f"-DTILE={tile}", f"-DHS={hs}")
+        return raw_module(code=_SOURCE.read_text(), options=options)
+    options = (*_COMPILE_OPTIONS, f"-DKT={tile}", f"-DHS={hs}", f"-DPASSES={passes}")
+    return raw_module(code=_MMA_SOURCE.read_text(), options=options)
+
+
+def resolve_tensor_cores(tensor_cores: str, attributes: dict) -> int | None:
+    """The mma kernels' PASSES for `tensor_cores` on a device with these attributes, or None
+    for the fmaf kernels.
+
+    "auto": TF32 where `set_float32_matmul_precision("high")` allows it and the device has
+    TF32 tensor cores (compute capability 8.0 or newer), else the fmaf kernels. An explicit
+    "tf32" or "3xtf32" on an older device is refused with the reason.
+
+    >>> sm80, sm75 = {"ComputeCapabilityMajor": 8}, {"ComputeCapabilityMajor": 7}
+    >>> resolve_tensor_cores("3xtf32", sm80), resolve_tensor_cores("auto", sm75)
+    (3, None)
+    """
+    from minigrad.backend import get_float32_matmul_precision
+
+    has_tf32 = attributes["ComputeCapabilityMajor"] >= 8
+    if tensor_cores == "auto":
+        return 1 if has_tf32 and get_float32_matmul_precision() == "high" else None
+    if tensor_cores not in TENSOR_CORES:
+        raise ValueError(
+            f"tensor_cores={tensor_cores!r}: use 'auto' (set_float32_matmul_precision decides), "
+            f"'off' (float32 fmaf), 'tf32' or '3xtf32'"
+        )
+    if TENSOR_CORES[tensor_cores] is not None and not has_tf32:
+        raise ValueError(
+            f"tensor_cores={tensor_cores!r} needs TF32 tensor cores (compute capability 8.0 or "
+            f"newer); this GPU is {attributes['ComputeCapabilityMajor']}.x: use 'off'"
+        )
+    return TENSOR_CORES[tensor_cores]
 
 
 def _threads(tile: int) -> int:
@@ -87,11 +142,22 @@ def _shared_bytes(kernel: str, hs: int, tile: int) -> int:
     """Dynamic shared memory one block of `kernel` needs, mirroring the layout in the .cu.
 
     Tiles of rows have a stride of hs rounded up to a multiple of 4, plus 4 (LDV), score
-    tiles one of tile + 4 (LDP): float4-aligned rows, 4 banks apart.
+    tiles one of tile + 4 (LDP): float4-aligned rows, 4 banks apart. The mma kernels' rows
+    have hs rounded up to a multiple of 8, plus 4 (LD), and no score tiles.
 
     >>> _shared_bytes("flash_attn_fwd", 64, 64)  # Q, K, V tiles + P: (3*64*68 + 64*68) * 4
     69632
+    >>> _shared_bytes("flash_mma_fwd", 64, 64)  # Q (64 rows), K, V tiles: (3*64*68) * 4
+    52224
     """
+    if kernel.startswith("flash_mma"):
+        ld, own = -(-hs // 8) * 8 + 4, _MMA_ROWS
+        floats = {
+            "flash_mma_fwd": (own + 2 * tile) * ld,  # sQ, sK, sV
+            "flash_mma_bwd_dq": (2 * own + 2 * tile) * ld,  # sQ, sdO, sK, sV
+            "flash_mma_bwd_dkdv": (2 * own + 2 * tile) * ld + 2 * tile,  # + sLse, sD
+        }[kernel]
+        return 4 * floats
     ldv = -(-hs // 4) * 4 + 4
     rows, scores = tile * ldv, tile * (tile + 4)
     floats = {
@@ -113,7 +179,10 @@ def launch_plan(kernel: str, hs: int, attributes: dict) -> tuple[int, int]:
     ((32, 55296), (16, 36480))
     """
     limit = attributes["MaxSharedMemoryPerBlockOptin"]
-    for tile in _TILES[kernel]:
+    tiles = _MMA_TILES[kernel] if kernel.startswith("flash_mma") else _TILES[kernel]
+    if kernel.startswith("flash_mma") and hs > 64:
+        tiles = tuple(tile for tile in tiles if tile <= 32)
+    for tile in tiles:
         smem = _shared_bytes(kernel, hs, tile)
         if smem <= limit:
             return tile, smem
@@ -123,17 +192,23 @@ def launch_plan(kernel: str, hs: int, attributes: dict) -> tuple[int, int]:
     )
 
 
-def _launch(name: str, n_rows: int, batch_heads: int, args: tuple, hs: int) -> None:
+def _launch(
+    name: str, n_rows: int, batch_heads: int, args: tuple, hs: int, passes: int | None = None
+) -> None:
     """Launch a tiled kernel over (tiles of n_rows, batch_heads) blocks, with the tile and
-    shared memory of `launch_plan`, opting in above the 48 KB default."""
+    shared memory of `launch_plan`, opting in above the 48 KB default: the fmaf kernel
+    `name`, or with `passes` its tensor-core twin (flash_attn_* -> flash_mma_*)."""
     _, raw_module, attributes = _runtime(args[0])
+    if passes is not None:
+        name = name.replace("flash_attn_", "flash_mma_")
     tile, smem = launch_plan(name, hs, attributes)
-    kernel = _module(raw_module, tile, hs).get_function(name)
+    kernel = _module(raw_module, tile, hs, passes).get_function(name)
     if smem > attributes["MaxSharedMemoryPerBlock"]:  # 48 KB without opting in
         # The attribute belongs to the kernel on the current device; setting it is cheap.
         kernel.max_dynamic_shared_size_bytes = smem
-    grid = (-(-n_rows // tile), batch_heads)
-    kernel(grid, (_threads(tile),), args, shared_mem=smem)
+    rows, threads = (tile, _threads(tile)) if passes is None else (_MMA_ROWS, _MMA_THREADS)
+    grid = (-(-n_rows // rows), batch_heads)
+    kernel(grid, (threads,), args, shared_mem=smem)
 
 
 def _prepare(name: str, x: Array, ndim: int, xp: ModuleType) -> Array:
@@ -228,6 +303,7 @@ def flash_attention_forward_cuda(
     alibi_slopes: Array | None = None,
     scale: float | None = None,
     window: int | None = None,
+    tensor_cores: str = "auto",
 ) -> tuple[Array, Array]:
     """Attention output o (B, nh, T, hs) and row logsumexp lse (B, nh, T) on the GPU.
 
@@ -235,17 +311,19 @@ def flash_attention_forward_cuda(
     contiguous); nh % n_kv == 0, 1 <= T <= S, 16 <= hs <= 128. Refuses other dtypes, shapes
     and sizes with a ValueError/TypeError that says why. scale defaults to 1/sqrt(hs). A
     sliding `window` W (causal only) lets query i see keys (S - T) + i - W < j <= (S - T) + i,
-    and the key tiles outside that band are never loaded. NumPy arrays run the same kernels
-    in the emulator.
+    and the key tiles outside that band are never loaded. `tensor_cores` picks the fmaf or
+    the tensor-core kernels (see the module docstring). NumPy arrays run the same kernels in
+    the emulator.
     """
     xp = xp_of(q)
     q, k, v = _check_qkv(q, k, v)
+    passes = resolve_tensor_cores(tensor_cores, _runtime(q)[2])
     B, nh, T, hs = q.shape
     slopes = _slopes(alibi_slopes, nh, xp)
     o = xp.empty_like(q)
     lse = xp.empty((B, nh, T), dtype=xp.float32)
     args = (q, k, v, slopes, o, lse, *_scalars(q, k, causal, scale, window))
-    _launch("flash_attn_fwd", T, B * nh, args, hs)  # blocks: (query tiles, b * nh + h)
+    _launch("flash_attn_fwd", T, B * nh, args, hs, passes)  # blocks: (query tiles, b*nh + h)
     return o, lse
 
 
@@ -260,16 +338,19 @@ def flash_attention_backward_cuda(
     alibi_slopes: Array | None = None,
     scale: float | None = None,
     window: int | None = None,
+    tensor_cores: str = "auto",
 ) -> tuple[Array, Array, Array]:
     """Gradients dq (B, nh, T, hs), dk and dv (B, n_kv, S, hs) on the GPU.
 
     o and lse come from `flash_attention_forward_cuda` with the same arguments; grad_o has o's
     shape. Same input rules as the forward. Three launches: D = rowsum(grad_o * o), then dK
     and dV (one block per key tile), then dQ (one block per query tile); the .cu explains
-    why dQ has its own kernel instead of atomicAdd.
+    why dQ has its own kernel instead of atomicAdd. `tensor_cores` as in the forward (the
+    preprocess is the fmaf module's either way: it has no product to speed up).
     """
     xp = xp_of(q)
     q, k, v = _check_qkv(q, k, v)
+    passes = resolve_tensor_cores(tensor_cores, _runtime(q)[2])
     B, nh, T, hs = q.shape
     n_kv = k.shape[1]
     o, grad_o = _prepare("o", o, 4, xp), _prepare("grad_o", grad_o, 4, xp)
@@ -295,7 +376,7 @@ def flash_attention_backward_cuda(
     dk = xp.empty_like(k)
     dv = xp.empty_like(v)
     args_kv = (q, k, v, slopes, grad_o, lse, D, dk, dv, *scalars)
-    _launch("flash_attn_bwd_dkdv", k.shape[2], B * n_kv, args_kv, hs)  # (key tiles, b*n_kv+kv)
+    _launch("flash_attn_bwd_dkdv", k.shape[2], B * n_kv, args_kv, hs, passes)  # key tiles
     args_q = (q, k, v, slopes, grad_o, lse, D, dq, *scalars)
-    _launch("flash_attn_bwd_dq", T, B * nh, args_q, hs)  # (query tiles, b * nh + h)
+    _launch("flash_attn_bwd_dq", T, B * nh, args_q, hs, passes)  # (query tiles, b * nh + h)
     return dq, dk, dv

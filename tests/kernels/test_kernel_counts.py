@@ -73,6 +73,7 @@ def test_counts_of_a_hand_written_kernel_are_exact():
         global_store_elements=threads,
         barriers=threads,  # one __syncthreads per thread: 192
         shuffles=threads,
+        mma=0,
     )
     # Counting does not change what the kernel computes.
     tid = np.arange(threads) % block

@@ -21,8 +21,8 @@ ThreadSanitizer; the process must then start with the sanitizer's runtime preloa
 (`sanitizer_runtime`).
 
 `with count_launches() as launches:` runs every launch inside it in a third build, which counts
-(per launch, summed over threads) fmaf calls, shared and global loads and stores, in
-instructions and in 4-byte elements, barriers and shuffles, and records each launch with its
+(per launch, summed over threads) fmaf calls, mma instructions, shared and global loads and
+stores, in instructions and in 4-byte elements, barriers and shuffles, and records each launch with its
 `Counts` in `launches`. The build uses -fsanitize=thread's instrumentation without its
 runtime: the header defines the hooks the compiler calls before each load and store, and sorts
 them by address (the block's shared buffer, the array arguments; the stack, where a GPU keeps
@@ -270,6 +270,7 @@ class Counts:
     global_store_elements: int
     barriers: int
     shuffles: int
+    mma: int  # mma.sync instructions, per lane: a warp's one instruction counts 32
 
 
 @dataclass(frozen=True)

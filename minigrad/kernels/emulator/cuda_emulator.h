@@ -17,7 +17,8 @@
 // dynamic shared memory, so an out-of-bounds shared index stops with AddressSanitizer's report.
 //
 // The counting build (-DEMU_COUNT, with -fsanitize=thread instrumentation but not its runtime)
-// counts, per launch and summed over threads: fmaf calls, __syncthreads, shuffles, and every
+// counts, per launch and summed over threads: fmaf calls, mma instructions (per lane, as a GPU
+// counts an instruction each lane executes), __syncthreads, shuffles, and every
 // load and store the compiler emits, by memory space. The instrumentation calls __tsan_readN /
 // __tsan_writeN before each access; the definitions below (not TSan's) classify the address:
 // the block's shared buffer is shared memory, the ranges of the kernel's array arguments are
@@ -104,6 +105,8 @@ __forceinline__ float4 make_float4(float x, float y, float z, float w) { return 
 
 __forceinline__ float __int_as_float(int x) { return std::bit_cast<float>(x); }
 __forceinline__ int __float_as_int(float x) { return std::bit_cast<int>(x); }
+__forceinline__ float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
+__forceinline__ unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
 
 namespace emu {
 
@@ -207,6 +210,7 @@ struct Warp {
     int lanes;
     Barrier barrier;
     uint64_t slots[2][kWarp] = {};
+    uint32_t fragments[2][kWarp][6] = {};  // an mma's A (4 words) and B (2) operands per lane
 };
 
 // What the threads of the running block share.
@@ -238,7 +242,7 @@ enum Count {
     kFma,
     kSharedLoads, kSharedLoadElements, kSharedStores, kSharedStoreElements,
     kGlobalLoads, kGlobalLoadElements, kGlobalStores, kGlobalStoreElements,
-    kBarriers, kShuffles, kNumCounts
+    kBarriers, kShuffles, kMma, kNumCounts
 };  // the order of the fields of emulator.Counts
 struct Counts {
     unsigned long long n[kNumCounts] = {};
@@ -311,6 +315,63 @@ T shuffle(unsigned mask, T value, int src_lane, int line) {
     T out;
     std::memcpy(&out, &warp.slots[parity][src_lane], sizeof(T));
     return out;
+}
+
+// ---- Tensor cores: TF32 (PTX ISA, "Floating point data types" and "Matrix multiply-accumulate
+// operation using mma instruction", shape m16n8k8 with .tf32 operands).
+
+// cvt.rna.tf32.f32: round x to TF32 (8 exponent bits, 10 stored significand bits) to the
+// nearest, ties away from zero; the 13 low bits of the result are zero. Infinities and NaN
+// stay as they are. Adding half of the last kept bit to the magnitude and truncating is
+// round-half-away; a carry into the exponent is the right rounding up (to infinity past the
+// largest TF32).
+inline uint32_t cvt_rna_tf32(float x) {
+    uint32_t bits = std::bit_cast<uint32_t>(x);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return bits;  // inf or NaN
+    return (bits + 0x1000u) & 0xffffe000u;
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: D (16 x 8) = A (16 x 8) B (8 x 8) + C,
+// one warp-wide instruction. Each lane holds a fragment of each matrix; with g = lane / 4
+// (the PTX ISA's groupID) and t = lane % 4 (threadID_in_group):
+//   a[0] = A[g][t]   a[1] = A[g + 8][t]   a[2] = A[g][t + 4]   a[3] = A[g + 8][t + 4]
+//   b[0] = B[t][g]   b[1] = B[t + 4][g]
+//   c[0] = C[g][2t]  c[1] = C[g][2t + 1]  c[2] = C[g + 8][2t]  c[3] = C[g + 8][2t + 1]
+// Every lane posts its A and B words, waits for the warp (the instruction is .sync: all 32
+// lanes execute it together), then computes its four elements of D from the others'. The
+// operands are TF32: their 13 low bits are ignored, as the tensor cores ignore them, so a
+// kernel that forgets cvt.rna.tf32 sees truncation, not float32. A product of two TF32 numbers
+// is exact in float32; the eight are added to c in k order, each rounded to float32 (the
+// hardware's order and intermediate width are not specified: results agree to float32's
+// rounding, not bit for bit).
+inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                             int line) {
+    count(kMma);
+    const int tid = linear_thread();
+    Warp& warp = *current_block->warps[tid / kWarp];
+    const int lane = tid % kWarp;
+    if (warp.lanes != kWarp)
+        throw Error("mma.sync on line " + std::to_string(line) + " in a warp of " +
+                    std::to_string(warp.lanes) + " threads: the instruction needs all 32 lanes "
+                    "(make the block size a multiple of 32)");
+    const int parity = current_parity;
+    current_parity ^= 1;
+    uint32_t* mine = warp.fragments[parity][lane];
+    for (int i = 0; i < 4; ++i) mine[i] = a[i];
+    for (int i = 0; i < 2; ++i) mine[4 + i] = b[i];
+    warp.barrier.arrive("mma.sync", line);
+    auto tf32 = [](uint32_t word) { return std::bit_cast<float>(word & 0xffffe000u); };
+    auto A = [&](int row, int k) {  // the lane and register that hold A[row][k]
+        return tf32(warp.fragments[parity][(row % 8) * 4 + k % 4][(row >= 8) + 2 * (k >= 4)]);
+    };
+    auto B = [&](int k, int col) { return tf32(warp.fragments[parity][col * 4 + k % 4][4 + (k >= 4)]); };
+    const int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float acc = d[i];
+        for (int k = 0; k < 8; ++k) acc = std::fma(A(row, k), B(k, col), acc);
+        d[i] = acc;
+    }
 }
 
 // The life of one emulated thread: set the built-in variables, run the kernel, leave the

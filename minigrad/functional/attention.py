@@ -18,7 +18,9 @@ three implementations of the same function:
 - ``impl="flash"``: one ``Function``, ``FlashAttention``, that calls the tiled FlashAttention-2
   code (the NumPy twin in ``minigrad/kernels/flash_attention.py``, or the CUDA kernel for
   float32 CuPy arrays) and saves only q, k, v, o and the row logsumexp: memory O(T) per row
-  instead of O(T * S). It has no attention dropout.
+  instead of O(T * S). It has no attention dropout. On the GPU its products are float32
+  fmaf by default, and TF32 on the tensor cores where ``set_float32_matmul_precision("high")``
+  lets the matmuls use TF32 too (``flash_attention_cuda.py`` says how to choose directly).
 - ``impl="auto"`` (the default) picks one by device and size: ``choose_impl`` says which and
   why.
 

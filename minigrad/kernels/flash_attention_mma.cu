@@ -72,6 +72,11 @@
 #define HSP ((HS + 7) / 8 * 8)    // head dims padded with zeros to the mma's K = 8
 #define LD (HSP + 4)              // row stride of every shared tile (see the header)
 #define FULL_MASK 0xffffffffu
+// Blocks per SM the dQ kernel asks registers for: 3 up to HS 64, where ptxas (sm_90) fits it in
+// 168 registers without spilling (190 unasked: 2 blocks), so 12 warps instead of 8 hide the
+// latency of the loads that feed the mma. The other kernels need no cap: the forward takes
+// 127 registers (4 blocks) unasked, and dK/dV, with two accumulators, spills under a cap.
+#define DQ_MIN_BLOCKS (HS > 64 ? 1 : 3)
 static_assert(PASSES == 1 || PASSES == 3, "PASSES is 1 (TF32) or 3 (3xTF32)");
 static_assert(KT % 8 == 0 && KT <= 64, "the walked tile is whole 8-column slices");
 static_assert(HS >= 1 && HS <= 128, "head sizes 1..128");
@@ -407,7 +412,7 @@ extern "C" __launch_bounds__(NTHREADS) __global__ void flash_mma_bwd_dkdv(
 // dQ. Block (x, y) owns query rows q0 .. q0 + 63 of the pair y = b * nh + h, as the forward:
 //   1. recompute S = Q K^T, P = exp(S - lse), dP = dO V^T and dS = P (dP - D) in registers;
 //   2. dQ += dS K, dS straight from the registers (scaled at the end).
-extern "C" __launch_bounds__(NTHREADS) __global__ void flash_mma_bwd_dq(
+extern "C" __launch_bounds__(NTHREADS, DQ_MIN_BLOCKS) __global__ void flash_mma_bwd_dq(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ slopes, const float* __restrict__ grad_o,
     const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dq, int nh,

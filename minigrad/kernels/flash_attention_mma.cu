@@ -108,8 +108,8 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4],
 #endif
 }
 
-// d += A B for float32 fragments: one TF32 mma, or three (3xTF32). The small parts go first,
-// so their little sums are not lost against the big one.
+// d += A B for float32 fragments: one TF32 mma, or three (3xTF32): the two cross terms, then
+// big * big (CUTLASS's order; another order differs only in float32's last bits).
 __device__ __forceinline__ void mma(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
     unsigned a_big[4], b_big[2];
 #pragma unroll

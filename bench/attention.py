@@ -14,10 +14,15 @@ Three sections, each printing a table with ratios:
   a peak below the import's is hidden), but the same yardstick for all four.
   Targets: flash's extra memory grows linearly in T (at T=2048, at most half of one
   T x T x nh float32 matrix) and its time is at most 1.5x the naive path's.
-- GPU (``--device cuda``): the CUDA kernel against the naive path on CuPy and PyTorch's SDPA on
-  CUDA, float32, B=4, nh=8, hs=64, T from 512 to 16384: forward + backward time with CUDA
+- GPU (``--device cuda``): the CUDA kernels against the naive path on CuPy and PyTorch's SDPA
+  on CUDA, float32, B=4, nh=8, hs=64, T from 512 to 16384: forward + backward time with CUDA
   events after a warm-up, extra peak memory (the bytes CuPy's pool had to hold; torch's
-  max_memory_allocated), and the longest T each fits in memory.
+  max_memory_allocated), and the longest T each fits in memory. Three kernel columns, the
+  launcher's ``tensor_cores`` choices: ``kernel`` (fmaf, what minigrad's attention runs by
+  default) and ``tf32`` (the tensor cores, what it runs under
+  ``set_float32_matmul_precision("high")``), both through minigrad's
+  ``scaled_dot_product_attention``; ``3xtf32``, which no switch of it reaches, by the
+  launcher's two calls (no autograd around them: some microseconds less).
 - KV cache (skipped with ``--skip-kv``): tokens per second generating 500 tokens greedily
   with and without the cache, with the ``shakespeare-char`` model (untrained: speed does not
   depend on the weights) and its block_size raised to 512, so the cache never fills.
@@ -47,7 +52,10 @@ SHAPES = {  # B, nh, hs for each device
     "cuda": (4, 8, 64),
 }
 TS = {"cpu": (256, 1024, 2048, 4096), "cuda": (512, 1024, 2048, 4096, 8192, 16384)}
-IMPLS = {"cpu": ("naive", "dense", "flash", "torch"), "cuda": ("naive", "kernel", "torch")}
+IMPLS = {
+    "cpu": ("naive", "dense", "flash", "torch"),
+    "cuda": ("naive", "kernel", "tf32", "3xtf32", "torch"),
+}
 TIME_TARGET = 1.5  # flash time / naive time on the CPU must stay under this
 MEMORY_TARGET = 0.5  # flash extra memory at T=2048, in T x T x nh float32 matrices
 KV_TOKENS, KV_PRESET, KV_BLOCK_SIZE = 500, "shakespeare-char", 512
@@ -77,12 +85,31 @@ def minigrad_step(arrays: list[np.ndarray], impl: str, device: str):
 
     q, k, v = (mg.tensor(a, requires_grad=True, device=device) for a in arrays[:3])
     grad = mg.tensor(arrays[3], device=device)
-    sdpa_impl = "flash" if impl in ("flash", "kernel") else impl  # naive or dense
+    sdpa_impl = "flash" if impl in ("flash", "kernel", "tf32") else impl  # naive or dense
 
     def step() -> None:
         q.grad = k.grad = v.grad = None
         out = scaled_dot_product_attention(q, k, v, causal=True, impl=sdpa_impl)
         out.backward(grad)
+
+    return step
+
+
+def kernel_step(arrays: list[np.ndarray], tensor_cores: str):
+    """One forward + backward of the CUDA kernels called through their launcher, with its
+    `tensor_cores` choice: for the one minigrad's attention has no switch for (3xtf32)."""
+    import cupy
+
+    from minigrad.kernels.flash_attention_cuda import (
+        flash_attention_backward_cuda,
+        flash_attention_forward_cuda,
+    )
+
+    q, k, v, grad = (cupy.asarray(a) for a in arrays)
+
+    def step() -> None:
+        o, lse = flash_attention_forward_cuda(q, k, v, True, tensor_cores=tensor_cores)
+        flash_attention_backward_cuda(q, k, v, o, lse, grad, True, tensor_cores=tensor_cores)
 
     return step
 
@@ -137,11 +164,7 @@ def cuda_worker(impl: str, T: int, reps: int) -> dict:
         return torch_cuda_worker(arrays, reps)
     import cupy
 
-    from minigrad.functional.attention import kernel_supports
-
-    step = minigrad_step(arrays, impl, "cuda")
-    if impl == "kernel" and not kernel_supports(arrays[0], arrays[1]):
-        raise RuntimeError(f"the CUDA kernel does not take B, nh, T, hs = {B, nh, T, hs}")
+    step = cuda_step(arrays, impl)
     pool = cupy.get_default_memory_pool()
     try:
         step()  # warm-up: compiles the kernel, sizes the pool
@@ -162,6 +185,26 @@ def cuda_worker(impl: str, T: int, reps: int) -> dict:
     except cupy.cuda.memory.OutOfMemoryError:
         return {"oom": True}
     return {"time_s": min(times), "peak_bytes": peak}
+
+
+def cuda_step(arrays: list[np.ndarray], impl: str):
+    """One forward + backward of one of IMPLS["cuda"] but torch on the GPU, as a function of
+    no arguments. "tf32" sets this process's float32 matmul precision to "high"."""
+    import cupy
+
+    import minigrad as mg
+    from minigrad.functional.attention import kernel_supports
+    from minigrad.kernels.flash_attention_cuda import resolve_tensor_cores
+
+    if impl in ("tf32", "3xtf32"):  # without TF32 on this GPU: the launcher's refusal, not fmaf
+        resolve_tensor_cores(impl, cupy.cuda.Device().attributes)
+    if impl in ("kernel", "tf32") and not kernel_supports(arrays[0], arrays[1]):
+        raise RuntimeError(f"the CUDA kernel does not take q, k of shape {arrays[0].shape}")
+    if impl == "3xtf32":
+        return kernel_step(arrays, impl)
+    if impl == "tf32":
+        mg.set_float32_matmul_precision("high")  # "auto" then picks the TF32 kernels
+    return minigrad_step(arrays, impl, "cuda")
 
 
 def torch_cuda_worker(arrays: list[np.ndarray], reps: int) -> dict:
@@ -308,7 +351,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed runs per point; best kept")
     parser.add_argument("--skip-kv", action="store_true", help="skip the KV cache section")
     parser.add_argument(
-        "--worker", choices=("naive", "dense", "flash", "kernel", "torch"), help=argparse.SUPPRESS
+        "--worker", choices=sorted({*IMPLS["cpu"], *IMPLS["cuda"]}), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))  # run from anywhere

@@ -8,14 +8,17 @@ going on after a failure:
 1. every GPU-only test (`pytest -m gpu`), on several workers where pytest-xdist is installed
    (serially where not; the report says which);
 2. the benchmarks, before the sanitizers so that a short lease still measures: the kernels'
-   forward and backward timed apart (this script again, with --kernel-split), the GPU half of
-   bench/attention.py (--device cuda --skip-kv), the counts of bench/kernel_counts.py
+   forward and backward timed apart, for each `tensor_cores` choice of the launcher (the fmaf
+   kernels, "off", and the tensor-core ones, "tf32" and "3xtf32"; this script again, with
+   --kernel-split), the GPU half of bench/attention.py (--device cuda --skip-kv at ATTENTION_T,
+   the same kernels beside the naive CuPy path and torch SDPA), the counts of bench/kernel_counts.py
    (--no-emulate; a note in the report where the script is absent), a short
    bench/train_vs_torch.py --device cuda (baby-gpt), and nanoGPT's own train.py on the same
    GPU where a prepared checkout was carried along (bench/nanogpt_peer.py);
-3. compute-sanitizer's memcheck, racecheck and synccheck on the flash-attention kernels, on a
-   small case and an odd-sized one (this script again, with --kernel-case, checks the
-   kernels' output against the NumPy twin so a crashed run never reads as clean);
+3. compute-sanitizer's memcheck, racecheck and synccheck on the flash-attention kernels (every
+   `tensor_cores` choice the GPU has), on a small case and an odd-sized one (this script
+   again, with --kernel-case, checks the kernels' output against the NumPy twin so a crashed
+   run never reads as clean);
 4. as the budget allows, the training benchmark again in shorter runs: strict float32 on both
    sides (`--matmul-precision=highest`), and ours with the plain forms instead of the fused
    kernels (`MINIGRAD_FAST_PATHS=0`).
@@ -59,8 +62,13 @@ from minigrad.fileio import atomic_write  # noqa: E402
 
 # (B, nh, n_kv, T, S, hs): one full tile; and sizes that divide no tile, GQA 3, hs 80.
 KERNEL_CASES = {"small": (1, 2, 1, 32, 32, 64), "odd": (2, 3, 1, 37, 53, 80)}
-SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
-KERNEL_TOL = 2e-4  # float32 kernels against the float64 twin, as in the GPU tests
+# Expected seconds of each tool on one case, now three kernel sets: the H200's fmaf-only run
+# (memcheck and synccheck 1 s, racecheck 2 and 5 s) times three, rounded up.
+SANITIZER_TOOLS = {"memcheck": 5, "racecheck": 15, "synccheck": 5}
+# Worst |kernel - twin| / (1 + |twin|) against the float64 twin, per tensor_cores choice: float32
+# sums (as in the GPU tests); TF32's 10-bit inputs, about 1e-3 a product (2e-3 the worst the
+# emulator gives on KERNEL_CASES, three seeds); 3xTF32, about float32's.
+KERNEL_TOL = {"off": 2e-4, "tf32": 1e-2, "3xtf32": 2e-4}
 TAIL_LINES = 40  # lines of each step's output kept in the report
 PEER_DIR = ROOT / "bench" / "peers" / "nanoGPT"  # nanoGPT's own checkout, where one is carried
 TIMEOUT_S = 3600  # per step without a budget: the benchmarks on a slow GPU take minutes
@@ -70,6 +78,9 @@ WORKERS = 8  # pytest-xdist workers for the GPU tests (on the H200's 16 cores: 1
 SPLIT_SHAPE = (4, 8, 64)  # B, nh, hs
 SPLIT_T = (1024, 4096, 16384)
 SPLIT_REPS = 5
+# bench/attention.py's T here: issue 25's table. Its default adds 512 and 2048, 10 processes
+# more (five columns each) than a short lease can spare.
+ATTENTION_T = (1024, 4096, 8192, 16384)
 COUNTS_SCRIPT = ROOT / "bench" / "kernel_counts.py"
 
 
@@ -146,7 +157,9 @@ def parse_sanitizer(output: str, tool: str) -> tuple[bool, str]:
     """(passed, summary) of one compute-sanitizer run of `--kernel-case`.
 
     Clean means the tool's summary reports nothing AND the kernels' own check printed its ok
-    line: a process that died before its kernels ran also reports 0 errors.
+    line, 'kernel case <name> <shape>: <tensor_cores choices> ok', which comes after every
+    choice was checked: a process that died before its kernels ran also reports 0 errors.
+    The summary names the choices checked.
     """
     if tool == "racecheck":
         found = re.findall(
@@ -157,13 +170,16 @@ def parse_sanitizer(output: str, tool: str) -> tuple[bool, str]:
     else:
         counts = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) errors?", output)]
         noun = "errors"
-    kernel_ok = re.search(r"^kernel case .* ok$", output, re.M) is not None
+    kernel_ok = re.search(r"^kernel case \w+ \([\d, ]+\): (.+) ok$", output, re.M)
+    wrong = re.search(r"^kernel case \w+ \([\d, ]+\): WRONG: (.+)$", output, re.M)
     if not counts:
         return False, f"no {tool} summary in the output"
     summary = f"{sum(counts)} {noun}"
-    if not kernel_ok:
+    if wrong is not None:
+        return False, f"{summary}; wrong answers from the kernels {wrong.group(1)}"
+    if kernel_ok is None:
         return False, summary + "; the kernels did not finish their check"
-    return sum(counts) == 0, summary
+    return sum(counts) == 0, f"{summary} (kernels {kernel_ok.group(1)})"
 
 
 def parse_attention(output: str) -> tuple[bool, str]:
@@ -229,18 +245,32 @@ def parse_peer(output: str) -> tuple[bool, str]:
 
 
 def parse_split(output: str) -> tuple[bool, str]:
-    """(passed, summary) of `--kernel-split`: the kernels' forward and backward ms at each T.
+    """(passed, summary) of `--kernel-split`: the kernels' forward and backward ms at each T,
+    for each tensor_cores choice.
 
-    A row is '   4096     11.20     35.70     46.90'; a T that failed prints a line
-    '  (kernel at T=... failed: ...)' instead, and fails the step.
+    A row is '   4096      tf32      2.20      5.70      7.90'; a point that failed prints a
+    line '  (kernel tf32 at T=... failed: ...)' instead, and fails the step; a choice the GPU
+    does not have, '  (kernel tf32 skipped: why)', which does not.
+
+    >>> parse_split("   1024       off      1.21      3.18      4.39\\n"
+    ...             "   1024      tf32      0.40      1.10      1.50\\n")
+    (True, 'forward / backward ms: T=1024: off 1.21 / 3.18, tf32 0.40 / 1.10')
     """
-    rows = re.findall(r"^ *(\d+) +([\d.]+) +([\d.]+) +[\d.]+ *$", output, re.M)
-    errors = re.findall(r"^ +\(kernel at (T=\d+) failed", output, re.M)
+    rows = re.findall(r"^ *(\d+) +(\w+) +([\d.]+) +([\d.]+) +[\d.]+ *$", output, re.M)
+    errors = re.findall(r"^ +\(kernel (\w+) at T=(\d+) failed", output, re.M)
+    skipped = re.findall(r"^ +\(kernel (\w+) skipped: ", output, re.M)
     if not rows and not errors:
         return False, "no kernel split table in the output"
-    summary = "forward / backward ms: " + ", ".join(f"T={T} {f} / {b}" for T, f, b in rows)
+    by_T: dict[str, list[str]] = {}
+    for T, kernels, fwd, bwd in rows:
+        by_T.setdefault(T, []).append(f"{kernels} {fwd} / {bwd}")
+    summary = "forward / backward ms: " + "; ".join(
+        f"T={T}: {', '.join(cells)}" for T, cells in by_T.items()
+    )
     if errors:
-        summary += "; failed at " + ", ".join(errors)
+        summary += "; failed: " + ", ".join(f"{kernels} at T={T}" for kernels, T in errors)
+    if skipped:
+        summary += "; skipped (not on this GPU): " + ", ".join(skipped)
     return bool(rows) and not errors, summary
 
 
@@ -331,13 +361,15 @@ def plan(
     tests += ["-n", str(workers)] if workers else ["-p", "no:xdist"]
     tests.append("tests")
     how = f"{workers} xdist workers" if workers else "serial: pytest-xdist is not installed"
-    # Expected seconds: the H200 run's, rounded up; the serial tests and the counts are guesses.
+    # Expected seconds: the H200 run's, rounded up; the serial tests and the counts are guesses,
+    # and so are the split and the attention step since they time the tensor-core kernels too.
     steps = [Step(f"GPU tests (pytest -m gpu, {how})", tests, "tests", 120 if workers else 300)]
     if not skip_bench:
         split = [python, script, "--kernel-split"]
-        steps.append(Step("kernel split (forward, backward)", split, "split", 20))
+        steps.append(Step("kernel split (forward, backward)", split, "split", 30))
         attention = [python, str(ROOT / "bench" / "attention.py"), "--device", "cuda", "--skip-kv"]
-        steps.append(Step("bench/attention.py --device cuda", attention, "attention", 80))
+        attention += ["--T", *(str(T) for T in ATTENTION_T)]
+        steps.append(Step("bench/attention.py --device cuda", attention, "attention", 90))
         counted = [python, str(COUNTS_SCRIPT), "--no-emulate"]
         absent = "" if counts else "bench/kernel_counts.py is not in this checkout: no counts"
         steps.append(Step("bench/kernel_counts.py --no-emulate", counted, "counts", 30, absent))
@@ -355,11 +387,12 @@ def plan(
         missing = "compute-sanitizer is not on PATH: install the CUDA toolkit to run it"
         steps.append(Step("compute-sanitizer (all tools)", [], "none", 0, missing))
     else:
-        for tool in SANITIZER_TOOLS:
+        for tool, seconds in SANITIZER_TOOLS.items():
             for case in KERNEL_CASES:
                 command = [sanitizer, "--tool", tool, "--error-exitcode", "1", python, script]
                 command += ["--kernel-case", case]
-                steps.append(Step(f"{tool}, {case} case {KERNEL_CASES[case]}", command, tool, 10))
+                title = f"{tool}, {case} case {KERNEL_CASES[case]}"
+                steps.append(Step(title, command, tool, seconds))
     if not skip_bench:
         # last, as the budget allows: the training step against strict float32 (both sides)
         # and without our fused kernels (ours only), in shorter runs (guesses: 60 s each)
@@ -470,9 +503,29 @@ def environment(sanitizer: str | None) -> dict[str, str]:
     }
 
 
+def tensor_core_choices(attributes: dict) -> dict[str, str]:
+    """The launcher's tensor_cores choices, each with why this GPU (its device attributes)
+    cannot run it, or "" where it can: the launcher's own rule, `resolve_tensor_cores`.
+
+    >>> tensor_core_choices({"ComputeCapabilityMajor": 9})
+    {'off': '', 'tf32': '', '3xtf32': ''}
+    """
+    from minigrad.kernels.flash_attention_cuda import TENSOR_CORES, resolve_tensor_cores
+
+    why = {}
+    for choice in TENSOR_CORES:
+        try:
+            resolve_tensor_cores(choice, attributes)
+            why[choice] = ""
+        except ValueError as e:
+            why[choice] = str(e)
+    return why
+
+
 def kernel_case(name: str) -> int:
-    """Run the flash kernels forward and backward on one case, check them against the twin,
-    print 'kernel case ... ok' (what parse_sanitizer looks for). The sanitized process."""
+    """Run the flash kernels forward and backward on one case with each tensor_cores choice
+    the GPU has, check each against the twin (KERNEL_TOL), then print 'kernel case ... ok'
+    (what parse_sanitizer looks for) if all passed. The sanitized process."""
     import cupy
     import numpy as np
 
@@ -486,26 +539,35 @@ def kernel_case(name: str) -> int:
     rng = np.random.default_rng(0)
     q, grad_o = (rng.standard_normal((B, nh, T, hs)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((B, n_kv, S, hs)).astype(np.float32) for _ in range(2))
-    o, lse = flash_attention_forward_cuda(*(cupy.asarray(x) for x in (q, k, v)))
-    grads = flash_attention_backward_cuda(
-        *(cupy.asarray(x) for x in (q, k, v)), o, lse, cupy.asarray(grad_o)
-    )
     q64, k64, v64, g64 = (x.astype(np.float64) for x in (q, k, v, grad_o))
     o_ref, lse_ref = flash_attention_forward(q64, k64, v64)
     want = (o_ref, lse_ref, *flash_attention_backward(q64, k64, v64, o_ref, lse_ref, g64))
-    worst = max(
-        float(np.max(np.abs(cupy.asnumpy(x) - w) / (1 + np.abs(w))))
-        for x, w in zip((o, lse, *grads), want, strict=True)
-    )
-    verdict = "ok" if worst <= KERNEL_TOL else f"WRONG (tolerance {KERNEL_TOL})"
-    print(f"kernel case {name} {KERNEL_CASES[name]}: worst relative error {worst:.2e} {verdict}")
-    return 0 if verdict == "ok" else 1
+    inputs = [cupy.asarray(x) for x in (q, k, v, grad_o)]
+    print(f"kernel case {name} {KERNEL_CASES[name]}, worst relative error against the twin:")
+    checked, wrong = [], []
+    for choice, why in tensor_core_choices(cupy.cuda.Device().attributes).items():
+        if why:
+            print(f"  {choice:<8}skipped: {why}")
+            continue
+        o, lse = flash_attention_forward_cuda(*inputs[:3], tensor_cores=choice)
+        grads = flash_attention_backward_cuda(*inputs[:3], o, lse, inputs[3], tensor_cores=choice)
+        worst = max(
+            float(np.max(np.abs(cupy.asnumpy(x) - w) / (1 + np.abs(w))))
+            for x, w in zip((o, lse, *grads), want, strict=True)
+        )
+        tol = KERNEL_TOL[choice]
+        print(f"  {choice:<8}{worst:.2e} (tolerance {tol:.0e})")
+        (checked if worst <= tol else wrong).append(choice)
+    verdict = f"WRONG: {', '.join(wrong)}" if wrong else f"{', '.join(checked)} ok"
+    print(f"kernel case {name} {KERNEL_CASES[name]}: {verdict}")
+    return 1 if wrong else 0
 
 
 def kernel_split() -> int:
     """Time the kernels' forward and their backward apart, at SPLIT_SHAPE for each T in SPLIT_T
-    (causal float32; best of SPLIT_REPS after a warm-up, the device synchronised around each
-    call); print one row per T. The process of the "kernel split" step."""
+    and each tensor_cores choice the GPU has (causal float32; best of SPLIT_REPS after a
+    warm-up, the device synchronised around each call); print one row per T and choice. The
+    process of the "kernel split" step."""
     import functools
 
     import cupy
@@ -518,24 +580,31 @@ def kernel_split() -> int:
 
     B, nh, hs = SPLIT_SHAPE
     rng = np.random.default_rng(0)
+    choices = tensor_core_choices(cupy.cuda.Device().attributes)
     print(f"kernel split: causal float32, B={B} nh={nh} hs={hs}, best of {SPLIT_REPS}, ms")
-    print(f"{'T':>7}{'forward':>10}{'backward':>10}{'total':>10}")
+    for choice, why in choices.items():
+        if why:
+            print(f"  (kernel {choice} skipped: {why})")
+    print(f"{'T':>7}{'kernels':>10}{'forward':>10}{'backward':>10}{'total':>10}")
     failed = 0
     for T in SPLIT_T:
-        try:
-            shape = (B, nh, T, hs)
-            q, k, v, grad_o = (
-                cupy.asarray(rng.standard_normal(shape, dtype=np.float32)) for _ in range(4)
-            )
-            forward = functools.partial(flash_attention_forward_cuda, q, k, v)
-            o, lse = forward()
-            backward = functools.partial(flash_attention_backward_cuda, q, k, v, o, lse, grad_o)
-            fwd_ms, bwd_ms = best_ms(forward), best_ms(backward)
-        except Exception as e:  # out of memory, or a launch the kernel refuses: the next T
-            print(f"  (kernel at T={T} failed: {type(e).__name__}: {e})")
-            failed += 1
-            continue
-        print(f"{T:>7}{fwd_ms:>10.2f}{bwd_ms:>10.2f}{fwd_ms + bwd_ms:>10.2f}")
+        arrays = [rng.standard_normal((B, nh, T, hs), dtype=np.float32) for _ in range(4)]
+        for choice in (choice for choice, why in choices.items() if not why):
+            try:
+                q, k, v, grad_o = (cupy.asarray(x) for x in arrays)
+                forward = functools.partial(
+                    flash_attention_forward_cuda, q, k, v, tensor_cores=choice
+                )
+                o, lse = forward()
+                backward = functools.partial(
+                    flash_attention_backward_cuda, q, k, v, o, lse, grad_o, tensor_cores=choice
+                )
+                fwd_ms, bwd_ms = best_ms(forward), best_ms(backward)
+            except Exception as e:  # out of memory, or a launch the kernel refuses: go on
+                print(f"  (kernel {choice} at T={T} failed: {type(e).__name__}: {e})")
+                failed += 1
+                continue
+            print(f"{T:>7}{choice:>10}{fwd_ms:>10.2f}{bwd_ms:>10.2f}{fwd_ms + bwd_ms:>10.2f}")
     return 1 if failed else 0
 
 

@@ -79,6 +79,15 @@ def fast_paths():
 
 
 @pytest.fixture
+def matmul_precision():
+    """``minigrad.set_float32_matmul_precision``, for a test that sets it; the precision is back
+    as it was after the test, so "high" (TF32) never leaks into a later test."""
+    before = mg.get_float32_matmul_precision()
+    yield mg.set_float32_matmul_precision
+    mg.set_float32_matmul_precision(before)
+
+
+@pytest.fixture
 def torch():
     """The PyTorch oracle; tests that use it skip (with the reason) where it is not installed."""
     return pytest.importorskip(

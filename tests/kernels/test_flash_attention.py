@@ -4,10 +4,11 @@ Holds a full-matrix reference (`attention_reference` and its hand-written backwa
 of the twin against it in float32 and float64 over sequence lengths, head sizes, grouped-
 query ratios, causal and not, ALiBi, S > T and tile sizes that do not divide T; a finite-
 difference check of the twin's backward; a memory check; a comparison with PyTorch's
-`scaled_dot_product_attention`; an nvcc compile of the .cu for sm_80 and sm_90; GPU tests
-of the kernel against the twin and the reference; and the launcher's input checks and
-determinism, on the GPU and in the CPU emulator (test_flash_attention_emulated.py has the
-emulated kernel's grid of cases).
+`scaled_dot_product_attention`; an nvcc compile of both .cu sources (the fmaf kernels and the
+tensor-core ones) for sm_80 and sm_90; GPU tests of the kernels, with tensor_cores "off",
+"tf32" and "3xtf32", against the twin and the reference; and the launcher's input checks and
+determinism, on the GPU and in the CPU emulator (test_flash_attention_emulated.py and
+test_flash_attention_mma_emulated.py have the emulated kernels' grids of cases).
 
 Leaves out timing (that lives in bench/). GPU tests skip without cupy and a GPU, the torch
 test without torch, the compile test without nvcc, each with its reason.
@@ -30,13 +31,14 @@ import pytest
 
 from minigrad.kernels.flash_attention import flash_attention_backward, flash_attention_forward
 
-CU_SOURCE = Path(__file__).parents[2] / "minigrad" / "kernels" / "flash_attention.cu"
+KERNELS_DIR = Path(__file__).parents[2] / "minigrad" / "kernels"
 KERNEL_NAMES = (
     "flash_attn_fwd",
     "flash_attn_bwd_preprocess",
     "flash_attn_bwd_dkdv",
     "flash_attn_bwd_dq",
 )
+MMA_KERNEL_NAMES = ("flash_mma_fwd", "flash_mma_bwd_dkdv", "flash_mma_bwd_dq")
 TOL = {np.float32: 1e-5, np.float64: 1e-10}
 
 
@@ -134,6 +136,16 @@ def assert_close(name: str, got, want, tol: float) -> None:
         f"{name}: worst element {tuple(int(i) for i in worst)} is {got[worst]!r}, expected "
         f"{want[worst]!r} (|diff| {abs(got[worst] - want[worst]):.3g} > tol {tol:g} * (1 + |want|))"
     )
+
+
+def relative_error(got, want) -> float:
+    """The largest |got - want| / (1 + |want|): the measure assert_close holds below its tol.
+
+    >>> relative_error(np.float32([1.0, 3.0]), np.float64([1.0, 2.0]))
+    0.3333333333333333
+    """
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return float((np.abs(got - want) / (1.0 + np.abs(want))).max())
 
 
 def as64(*arrays):
@@ -321,20 +333,40 @@ def test_matches_torch_sdpa(B, nh, n_kv, T, S, causal, alibi):
 # The CUDA source compiles
 
 
+# (source, -D options, its kernels, instructions its PTX must hold): the fmaf kernels; the
+# tensor-core ones at their defaults (hs 64, 3xTF32) and as the launcher builds hs = 20 in
+# TF32 (padded to 24 dims) with 32-row tiles, with the mma and cvt of the inline PTX (not the
+# emulator's stand-ins, which a missing __CUDA_ARCH__ branch would compile instead).
+SOURCES = {
+    "fmaf": ("flash_attention.cu", (), KERNEL_NAMES, ()),
+    "mma-3xtf32": ("flash_attention_mma.cu", (), MMA_KERNEL_NAMES, ()),
+    "mma-tf32-hs20": (
+        "flash_attention_mma.cu",
+        ("-DHS=20", "-DKT=32", "-DPASSES=1"),
+        MMA_KERNEL_NAMES,
+        ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "cvt.rna.tf32.f32"),
+    ),
+}
+
+
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_cuda_source_compiles(arch, tmp_path):
+def test_cuda_source_compiles(arch, source, tmp_path):
+    filename, options, names, instructions = SOURCES[source]
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        pytest.skip("nvcc is not on PATH: cannot compile flash_attention.cu")
-    out = tmp_path / f"flash_attention_{arch}.ptx"
+        pytest.skip(f"nvcc is not on PATH: cannot compile {filename}")
+    out = tmp_path / f"{source}_{arch}.ptx"
     # --ptx stops before ptxas (about 1 s); -Werror keeps the source free of warnings.
-    cmd = [nvcc, f"-arch={arch}", "--ptx", "-Werror", "all-warnings", str(CU_SOURCE)]
-    cmd += ["-o", str(out)]
+    cmd = [nvcc, f"-arch={arch}", "--ptx", "-Werror", "all-warnings", *options]
+    cmd += [str(KERNELS_DIR / filename), "-o", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stderr}"
     ptx = out.read_text()
-    for name in KERNEL_NAMES:  # extern "C": unmangled entry points that CuPy can look up
+    for name in names:  # extern "C": unmangled entry points that CuPy can look up
         assert f".entry {name}(" in ptx, f"{name} is missing from the {arch} PTX"
+    for instruction in instructions:
+        assert instruction in ptx, f"no {instruction} in the {arch} PTX of {filename}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +385,7 @@ def _cupy_with_gpu():
 
 
 # (B, nh, n_kv, T, S, hs, alibi): every T, head size and group ratio of the brief, plus
-# hs = 80, which leaves some of each thread's head-dim slots idle.
+# hs = 80, which leaves some of each thread's head-dim slots idle, and hs = 20.
 GPU_CASES = [
     (2, 2, 2, 1, 1, 16, False),
     (1, 4, 1, 1, 40, 64, True),  # decoding one token against a KV cache of 40
@@ -364,12 +396,27 @@ GPU_CASES = [
     (1, 8, 2, 129, 129, 16, False),  # group 4
     (2, 2, 2, 129, 200, 64, True),
     (1, 4, 2, 100, 120, 80, False),
+    (1, 4, 2, 33, 70, 20, True),  # hs = 20: the tensor-core kernels pad it to 24
     (1, 4, 2, 300, 300, 128, True),
     (1, 8, 8, 300, 333, 64, False),
     (1, 2, 1, 4096, 4096, 64, True),
     (1, 2, 2, 4096, 4096, 128, False),
 ]
 GPU_TOL = 2e-4  # float32 sums in a different order than the float64 twin
+# TF32 (tensor_cores="tf32") rounds each input of a product to 11 significant bits, a relative
+# error of up to 2^-11 (4.9e-4), so each product is off by up to 2^-10 (9.8e-4); the sums stay
+# float32. The errors of a dot product's terms mostly cancel, but attention chains two
+# products (S = Q K^T, then P V; dP = dO V^T, then dS K or dS^T Q) with exp between, which
+# passes an error in S on to P, relative: the outputs end a few times 2^-11 off, relative to
+# 1 + |want|: 2.9e-4 to 1.5e-3 on the emulator over the 16 cases of the mma tests. 5e-3 leaves
+# a margin of 3 and still fails a misplaced operand or a wrong mask (errors of 0.01 to 1); the
+# floor fails a "tf32" that ran in float32 (errors near 1e-6) and so rounded nothing.
+TF32_TOL = 5e-3
+TF32_FLOOR = 2.0**-14  # 6.1e-5: a fifth of the least TF32 error measured, 60 times float32's
+# On a GPU, 3xTF32 is held to the fmaf kernels' tolerance: the order and rounding of the sum
+# inside an mma are the hardware's (the emulator's fma chain is one choice), and their errors
+# add up over S = 4096 keys, so the emulator's tighter tolerance is not promised here.
+GPU_TOLS = {"off": GPU_TOL, "tf32": TF32_TOL, "3xtf32": GPU_TOL}
 # (case, window): a window of one key, windows shorter and longer than a 32-row tile, and
 # one at long T where the skipped tiles are most of the work; S = T and S > T, ALiBi on and off.
 GPU_WINDOW_CASES = [
@@ -381,8 +428,9 @@ GPU_WINDOW_CASES = [
 ]
 
 
-def check_cuda_kernel(case, causal, window=None):
-    """The kernel on the GPU against the float64 twin and, up to T = 300, the reference."""
+def check_cuda_kernel(case, causal, window=None, tensor_cores="off"):
+    """The kernels (fmaf, or the tensor-core ones) on the GPU against the float64 twin and, up
+    to T = 300, the reference; a "tf32" run must also show TF32's rounding."""
     cupy = _cupy_with_gpu()
     from minigrad.kernels.flash_attention_cuda import (
         flash_attention_backward_cuda,
@@ -392,11 +440,13 @@ def check_cuda_kernel(case, causal, window=None):
     q, k, v, grad_o, slopes = make_inputs(*case[:6], np.float32, case[6], seed=3)
     dev = [cupy.asarray(a) for a in (q, k, v, grad_o)]
     dev_slopes = None if slopes is None else cupy.asarray(slopes, dtype=cupy.float32)
-    o, lse = flash_attention_forward_cuda(*dev[:3], causal, dev_slopes, window=window)
+    choice = {"window": window, "tensor_cores": tensor_cores}
+    o, lse = flash_attention_forward_cuda(*dev[:3], causal, dev_slopes, **choice)
     dq, dk, dv = flash_attention_backward_cuda(
-        *dev[:3], o, lse, dev[3], causal, dev_slopes, window=window
+        *dev[:3], o, lse, dev[3], causal, dev_slopes, **choice
     )
     got = {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+    got = {name: cupy.asnumpy(x) for name, x in got.items()}
 
     # The twin in float64 on the same float32 inputs is the yardstick at every size; the
     # full-matrix reference joins it where its (T, S) matrices are small.
@@ -406,22 +456,31 @@ def check_cuda_kernel(case, causal, window=None):
         yardsticks["reference"] = reference_outputs(*inputs64, window=window)
     for label, want in yardsticks.items():
         for name, x in got.items():
-            assert_close(f"{name} (kernel vs {label})", cupy.asnumpy(x), want[name], GPU_TOL)
+            where = f"{name} (kernel, tensor_cores={tensor_cores}, vs {label})"
+            assert_close(where, x, want[name], GPU_TOLS[tensor_cores])
+    if tensor_cores == "tf32":
+        worst = max(relative_error(x, yardsticks["twin"][name]) for name, x in got.items())
+        assert worst > TF32_FLOOR, f"tensor_cores='tf32' is off by {worst:.2g} only: no TF32?"
+
+
+TENSOR_CORES = ["off", "tf32", "3xtf32"]  # every choice but "auto", which picks one of these
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tensor_cores", TENSOR_CORES)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
-def test_cuda_kernel_matches_twin_and_reference(case, causal):
-    check_cuda_kernel(case, causal)
+def test_cuda_kernel_matches_twin_and_reference(case, causal, tensor_cores):
+    check_cuda_kernel(case, causal, tensor_cores=tensor_cores)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tensor_cores", TENSOR_CORES)
 @pytest.mark.parametrize(
     "case, window", GPU_WINDOW_CASES, ids=[f"{case_id(c)}-W{w}" for c, w in GPU_WINDOW_CASES]
 )
-def test_cuda_kernel_with_a_sliding_window_matches_twin_and_reference(case, window):
-    check_cuda_kernel(case, True, window)
+def test_cuda_kernel_with_a_sliding_window_matches_twin_and_reference(case, window, tensor_cores):
+    check_cuda_kernel(case, True, window, tensor_cores)
 
 
 # The launcher's own behaviour, on the GPU and, with NumPy arrays, in the CPU emulator.
@@ -438,8 +497,9 @@ def _array_library(runtime: str):
 
 
 @pytest.mark.summation_order
+@pytest.mark.parametrize("tensor_cores", TENSOR_CORES)
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_cuda_kernel_is_deterministic_and_copies_strided_inputs(runtime):
+def test_cuda_kernel_is_deterministic_and_copies_strided_inputs(runtime, tensor_cores):
     xp = _array_library(runtime)
     to_host = getattr(xp, "asnumpy", np.asarray)
     from minigrad.kernels.flash_attention_cuda import (
@@ -452,12 +512,14 @@ def test_cuda_kernel_is_deterministic_and_copies_strided_inputs(runtime):
     q_strided = xp.asarray(np.ascontiguousarray(q.transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3)
     assert not q_strided.flags.c_contiguous
     k_dev, v_dev, g_dev = xp.asarray(k), xp.asarray(v), xp.asarray(grad_o)
-    o, lse = flash_attention_forward_cuda(q_strided, k_dev, v_dev)
-    first = flash_attention_backward_cuda(q_strided, k_dev, v_dev, o, lse, g_dev)
-    second = flash_attention_backward_cuda(q_strided, k_dev, v_dev, o, lse, g_dev)
+    choice = {"tensor_cores": tensor_cores}
+    o, lse = flash_attention_forward_cuda(q_strided, k_dev, v_dev, **choice)
+    first = flash_attention_backward_cuda(q_strided, k_dev, v_dev, o, lse, g_dev, **choice)
+    second = flash_attention_backward_cuda(q_strided, k_dev, v_dev, o, lse, g_dev, **choice)
     for a, b in zip(first, second, strict=True):  # no atomics: bitwise equal run to run
         assert bool((a == b).all())
-    assert_close("o", to_host(o), attention_reference(*as64(q, k, v))[0], GPU_TOL)
+    want = attention_reference(*as64(q, k, v))[0]
+    assert_close(f"o ({tensor_cores})", to_host(o), want, GPU_TOLS[tensor_cores])
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

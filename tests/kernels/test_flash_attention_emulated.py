@@ -39,6 +39,7 @@ from tests.kernels.test_flash_attention import (
     case_id,
     make_inputs,
     reference_outputs,
+    relative_error,
     twin_outputs,
 )
 
@@ -81,18 +82,25 @@ WINDOW_CASES = [
 ]
 
 
-def run_kernels(q, k, v, grad_o, causal, slopes, window=None) -> dict:
-    """o, lse, dq, dk, dv from the emulated kernels, launched by the GPU launcher."""
+def run_kernels(q, k, v, grad_o, causal, slopes, window=None, tensor_cores="off") -> dict:
+    """o, lse, dq, dk, dv from the emulated kernels (fmaf, or with `tensor_cores` the mma
+    ones), launched by the GPU launcher."""
     s32 = None if slopes is None else slopes.astype(np.float32)
-    o, lse = flash_attention_forward_cuda(q, k, v, causal, s32, window=window)
-    dq, dk, dv = flash_attention_backward_cuda(q, k, v, o, lse, grad_o, causal, s32, window=window)
+    choice = {"window": window, "tensor_cores": tensor_cores}
+    o, lse = flash_attention_forward_cuda(q, k, v, causal, s32, **choice)
+    dq, dk, dv = flash_attention_backward_cuda(q, k, v, o, lse, grad_o, causal, s32, **choice)
     return {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
-def check_against_twin_and_reference(case, causal, seed=3, window=None):
+def check_against_twin_and_reference(
+    case, causal, seed=3, window=None, tensor_cores="off", tol=TOL
+) -> float:
+    """Assert the emulated kernels within `tol` of the float64 twin and reference; return the
+    largest relative error seen (see relative_error)."""
     q, k, v, grad_o, slopes = make_inputs(*case[:6], np.float32, case[6], seed=seed)
-    got = run_kernels(q, k, v, grad_o, causal, slopes, window)
+    got = run_kernels(q, k, v, grad_o, causal, slopes, window, tensor_cores)
     inputs64 = (*as64(q, k, v, grad_o), causal, slopes)
+    worst = 0.0
     for label, want in (
         ("twin", twin_outputs(*inputs64, window=window)),
         ("reference", reference_outputs(*inputs64, window=window)),
@@ -100,11 +108,14 @@ def check_against_twin_and_reference(case, causal, seed=3, window=None):
         for name, x in got.items():
             assert x.dtype == np.float32, f"{name} is {x.dtype}"
             assert_close(
-                f"{name} (emulated kernel vs {label}, {case_id(case)}, window={window})",
+                f"{name} (emulated kernel, tensor_cores={tensor_cores}, vs {label}, "
+                f"{case_id(case)}, causal={causal}, window={window})",
                 x,
                 want[name],
-                TOL,
+                tol,
             )
+            worst = max(worst, relative_error(x, want[name]))
+    return worst
 
 
 @pytest.mark.summation_order

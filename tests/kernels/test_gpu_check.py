@@ -1,25 +1,29 @@
 """Tests for `make gpu-check` (bench/gpu_check.py) on recorded outputs, without a GPU.
 
-Holds: each parser on a passing and a failing recording (pytest, compute-sanitizer's three
-tools, the kernel split, the GPU half of bench/attention.py, bench/kernel_counts.py,
-bench/train_vs_torch.py), including the traps: a run where every GPU test skipped, and a
-sanitized process that died before its kernels ran yet reports 0 errors; the report written
-from parsed results (the counts whole, skipped steps named); the planned commands and their
-order (tests, benchmarks, sanitizers), with and without pytest-xdist; a step run for real (a
-Python child printing a recording), with its exit code and timeout; and the budget: a step
-that does not fit is skipped and named, a running one is stopped when it runs out, and the
-report is still written.
+Holds: the helpers' doctests; each parser on a passing and a failing recording (pytest,
+compute-sanitizer's three tools, the kernel split, the GPU half of bench/attention.py,
+bench/kernel_counts.py, bench/train_vs_torch.py), each with the rows of every tensor_cores
+choice (off, tf32, 3xtf32), including the traps: a run where every GPU test skipped, a
+sanitized process that died before its kernels ran yet reports 0 errors, one whose kernels
+answered wrong, and a GPU without TF32, whose skipped choices are named but fail nothing; the
+report written from parsed results (the counts whole, skipped steps named); the planned
+commands and their order (tests, benchmarks, sanitizers), with and without pytest-xdist; a step
+run for real (a Python child printing a recording), with its exit code and timeout; and the
+budget: a step that does not fit is skipped and named, a running one is stopped when it runs
+out, and the report is still written.
 
 The recordings in gpu_check_outputs/ were written by hand in the tools' formats.
 Leaves out `environment()`, which needs nvidia-smi and a GPU; the kernel check and the kernel
-split run on the CuPy stand-in, their kernels in the CPU emulator, and so does `main()`, with
-its environment and steps made up.
+split run on the CuPy stand-in, their kernels in the CPU emulator, and so do `main()`, with
+its environment and steps made up, and the kernels each column of bench/attention.py launches.
 """
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import time
@@ -46,6 +50,11 @@ def recorded(name: str) -> str:
     return (OUTPUTS / name).read_text()
 
 
+def test_doctests():
+    # the helpers' worked examples: nvidia-smi, file names, the split's rows, the choices
+    assert doctest.testmod(gpu_check).failed == 0
+
+
 def test_nvidia_smi_and_report_name():
     gpu = gpu_check.parse_nvidia_smi(recorded("nvidia_smi.csv"))
     assert gpu == {"name": "NVIDIA H100 80GB HBM3", "driver": "550.54.15", "memory": "81559 MiB"}
@@ -69,9 +78,9 @@ def test_pytest_summary(name, passed, summary):
 @pytest.mark.parametrize(
     "name, tool, passed, summary",
     [
-        ("memcheck_clean.txt", "memcheck", True, "0 errors"),
+        ("memcheck_clean.txt", "memcheck", True, "0 errors (kernels off, tf32, 3xtf32)"),
         ("memcheck_crashed.txt", "memcheck", False, "did not finish their check"),
-        ("racecheck_clean.txt", "racecheck", True, "0 hazard errors and warnings"),
+        ("racecheck_clean.txt", "racecheck", True, "0 hazard errors and warnings (kernels off,"),
         ("racecheck_hazard.txt", "racecheck", False, "1 hazard errors and warnings"),
         ("pytest_passed.txt", "synccheck", False, "no synccheck summary"),
     ],
@@ -81,17 +90,37 @@ def test_sanitizer_summary(name, tool, passed, summary):
     assert got_passed is passed and summary in got_summary, got_summary
 
 
+def test_sanitizer_summary_names_the_kernels_checked_and_the_wrong_ones():
+    clean = recorded("memcheck_clean.txt")
+    # a GPU without TF32: the launcher refuses tf32 and 3xtf32, off alone is checked
+    old_gpu = clean.replace("off, tf32, 3xtf32 ok", "off ok")
+    assert gpu_check.parse_sanitizer(old_gpu, "memcheck") == (True, "0 errors (kernels off)")
+    # 0 sanitizer errors, but one choice's answers were out of tolerance
+    wrong = clean.replace("off, tf32, 3xtf32 ok", "WRONG: tf32")
+    assert gpu_check.parse_sanitizer(wrong, "memcheck") == (
+        False,
+        "0 errors; wrong answers from the kernels tf32",
+    )
+
+
 def test_attention_table():
     passed, summary = gpu_check.parse_attention(recorded("attention_cuda.txt"))
     assert passed
     assert summary == (
-        "T=8192: naive 198.30 ms, kernel 136.80 ms, torch 34.10 ms; "
-        "longest T that fits: naive 8192, kernel 16384, torch 16384"
+        "T=8192: naive 198.30 ms, kernel 136.80 ms, tf32 31.90 ms, 3xtf32 50.12 ms, "
+        "torch 34.10 ms; longest T that fits: naive 8192, kernel 16384, tf32 16384, "
+        "3xtf32 16384, torch 16384"
     )
     broken = recorded("attention_cuda.txt").replace(
-        "longest T", "  (kernel at T=512 failed: x)\nlongest T"
+        "longest T", "  (3xtf32 at T=1024 failed: x)\nlongest T"
     )
-    assert gpu_check.parse_attention(broken)[0] is False
+    assert gpu_check.parse_attention(broken) == (False, summary + "; 1 points failed")
+    # a tensor-core column that failed at T=8192: the last complete row is T=4096's
+    errored = recorded("attention_cuda.txt").replace(
+        "       31.90        64.0", "       error            "
+    )
+    passed, summary = gpu_check.parse_attention(errored)
+    assert summary.startswith("T=4096: naive 49.77 ms, kernel 35.12 ms, tf32 8.61 ms, ")
     assert gpu_check.parse_attention("Traceback ...") == (False, "no GPU table in the output")
 
 
@@ -99,13 +128,27 @@ def test_kernel_split_table():
     passed, summary = gpu_check.parse_split(recorded("split_cuda.txt"))
     assert passed
     assert summary == (
-        "forward / backward ms: T=1024 1.21 / 3.18, T=4096 12.40 / 34.50, T=16384 180.20 / 511.16"
+        "forward / backward ms: "
+        "T=1024: off 1.21 / 3.18, tf32 0.42 / 1.05, 3xtf32 0.61 / 1.52; "
+        "T=4096: off 12.40 / 34.50, tf32 2.31 / 6.12, 3xtf32 3.57 / 9.40; "
+        "T=16384: off 180.20 / 511.16, tf32 33.10 / 90.44, 3xtf32 52.87 / 141.02"
     )
     failed = recorded("split_cuda.txt").replace(
-        "  16384    180.20    511.16    691.36", "  (kernel at T=16384 failed: OutOfMemoryError: x)"
+        "  16384    3xtf32     52.87    141.02    193.89",
+        "  (kernel 3xtf32 at T=16384 failed: OutOfMemoryError: x)",
     )
     passed, summary = gpu_check.parse_split(failed)
-    assert passed is False and summary.endswith("T=4096 12.40 / 34.50; failed at T=16384")
+    assert passed is False
+    assert summary.endswith("tf32 33.10 / 90.44; failed: 3xtf32 at T=16384"), summary
+    # a GPU without TF32: the tensor-core rows skipped, named, and no failure
+    lines = recorded("split_cuda.txt").splitlines()
+    old_gpu = [line for line in lines if "tf32 " not in line]
+    old_gpu[1:1] = [f"  (kernel {c} skipped: needs TF32 tensor cores)" for c in ("tf32", "3xtf32")]
+    passed, summary = gpu_check.parse_split("\n".join(old_gpu))
+    assert passed and summary == (
+        "forward / backward ms: T=1024: off 1.21 / 3.18; T=4096: off 12.40 / 34.50; "
+        "T=16384: off 180.20 / 511.16; skipped (not on this GPU): tf32, 3xtf32"
+    )
     assert gpu_check.parse_split("Traceback ...") == (False, "no kernel split table in the output")
 
 
@@ -183,6 +226,7 @@ def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
     assert steps[0].command[:5] == ["py", "-m", "pytest", "-m", "gpu"]
     assert steps[0].command[-3:] == ["-n", "8", "tests"] and "8 xdist workers" in steps[0].title
     assert steps[1].command[-1] == "--kernel-split"
+    assert steps[2].command[-5:] == ["--T", "1024", "4096", "8192", "16384"]
     assert steps[-2].command[-1] == "--matmul-precision=highest" and "100" in steps[-2].title
     assert steps[-1].command[:2] == ["env", "MINIGRAD_FAST_PATHS=0"]
     assert steps[3].command[-1] == "--no-emulate" and steps[3].absent == ""
@@ -218,10 +262,11 @@ def _echo_step(name: str, kind: str, exit_code: int = 0) -> object:
 
 def test_run_parses_a_real_child_and_its_exit_code():
     result = gpu_check.run(_echo_step("memcheck_clean.txt", "memcheck"))
-    assert result.passed and result.summary == "0 errors"
+    assert result.passed and result.summary == "0 errors (kernels off, tf32, 3xtf32)"
     assert "kernel case small" in result.output
     failed = gpu_check.run(_echo_step("memcheck_clean.txt", "memcheck", exit_code=3))
-    assert failed.passed is False and failed.summary == "0 errors; exit code 3"
+    assert failed.passed is False
+    assert failed.summary == "0 errors (kernels off, tf32, 3xtf32); exit code 3"
 
 
 def test_run_reports_a_timeout():
@@ -249,7 +294,34 @@ def test_kernel_case_checks_the_kernels_on_the_cupy_standin(case, fake_cupy, cap
     # The process compute-sanitizer watches, run here on the stand-in (kernels in the emulator).
     assert gpu_check.kernel_case(case) == 0
     printed = capsys.readouterr().out
-    assert gpu_check.parse_sanitizer(printed + "========= ERROR SUMMARY: 0 errors\n", "memcheck")[0]
+    passed, summary = gpu_check.parse_sanitizer(
+        printed + "========= ERROR SUMMARY: 0 errors\n", "memcheck"
+    )
+    assert passed and summary == "0 errors (kernels off, tf32, 3xtf32)"
+    # each choice reached its kernels: TF32's 10-bit inputs show, 3xTF32's and fmaf's do not
+    worst = dict(re.findall(r"^  (\w+) +([\d.e+-]+) \(tolerance", printed, re.M))
+    assert float(worst["tf32"]) > 1e-4 > 1e-5 > max(float(worst["off"]), float(worst["3xtf32"]))
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
+def test_kernel_case_skips_what_the_gpu_lacks_and_fails_a_wrong_answer(
+    fake_cupy, monkeypatch, capsys
+):
+    from minigrad.kernels import emulator
+
+    with emulator.use_device("sm_75"):  # no TF32: the fmaf kernels alone, the others named
+        assert gpu_check.kernel_case("small") == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^  tf32 +skipped: .*compute capability 8\.0", printed, re.M)
+    assert printed.rstrip().endswith(": off ok")
+    # a tolerance TF32 cannot meet: the check fails, naming the choice
+    monkeypatch.setitem(gpu_check.KERNEL_TOL, "tf32", 1e-6)
+    assert gpu_check.kernel_case("small") == 1
+    printed = capsys.readouterr().out
+    assert printed.rstrip().endswith(": WRONG: tf32")
+    assert not gpu_check.parse_sanitizer(
+        printed + "========= ERROR SUMMARY: 0 errors\n", "memcheck"
+    )[0]
 
 
 def test_the_budget_skips_what_does_not_fit_and_stops_what_runs_over(tmp_path):
@@ -302,9 +374,53 @@ def test_kernel_split_times_the_kernels_on_the_cupy_standin(fake_cupy, monkeypat
     monkeypatch.setattr(gpu_check, "SPLIT_SHAPE", (1, 2, 16))
     monkeypatch.setattr(gpu_check, "SPLIT_T", (8, 40))
     monkeypatch.setattr(gpu_check, "SPLIT_REPS", 1)
-    assert gpu_check.kernel_split() == 0
+    from minigrad.kernels import emulator
+
+    with emulator.count_launches() as launches:  # which kernels each row's choice ran
+        assert gpu_check.kernel_split() == 0
+    assert {launch.options[-1] for launch in launches if launch.name == "flash_mma_fwd"} == {
+        "-DPASSES=1",
+        "-DPASSES=3",
+    }
     passed, summary = gpu_check.parse_split(capsys.readouterr().out)
-    assert passed and summary.startswith("forward / backward ms: T=8 ") and "T=40 " in summary
+    assert passed and summary.startswith("forward / backward ms: T=8: off ")
+    for T in (8, 40):
+        assert re.search(rf"T={T}: off [\d.]+ / [\d.]+, tf32 [\d.]+ / [\d.]+, 3xtf32 ", summary)
+
+
+def _load_attention():
+    spec = importlib.util.spec_from_file_location("attention", ROOT / "bench" / "attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
+def test_attention_columns_launch_the_kernels_they_are_named_for(fake_cupy, monkeypatch):
+    # The attention step's kernel columns on the stand-in: each forward + backward launches the
+    # fmaf kernels (kernel) or the mma ones with one or three passes (tf32, 3xtf32).
+    import minigrad as mg
+    from minigrad.kernels import emulator
+
+    attention = _load_attention()
+    arrays = attention.make_inputs(1, 1, 16, 16)
+    monkeypatch.setattr(mg.backend, "_matmul_precision", mg.get_float32_matmul_precision())
+    launched = {}
+    for impl in ("kernel", "tf32", "3xtf32"):
+        step = attention.cuda_step(arrays, impl)  # tf32 sets the precision: undone after the test
+        with emulator.count_launches() as launches:
+            step()
+        launched[impl] = {(launch.name, launch.options[-1]) for launch in launches}
+    assert {name for name, _ in launched["kernel"]} == {
+        "flash_attn_fwd",
+        "flash_attn_bwd_preprocess",
+        "flash_attn_bwd_dkdv",
+        "flash_attn_bwd_dq",
+    }
+    for impl, passes in (("tf32", "-DPASSES=1"), ("3xtf32", "-DPASSES=3")):
+        assert launched[impl] - {("flash_attn_bwd_preprocess", "-DHS=16")} == {
+            (name, passes) for name in ("flash_mma_fwd", "flash_mma_bwd_dkdv", "flash_mma_bwd_dq")
+        }
 
 
 def test_the_peer_step_is_absent_without_a_prepared_nanogpt_checkout(monkeypatch, tmp_path):

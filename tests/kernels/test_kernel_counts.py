@@ -1,20 +1,26 @@
 """Tests for the emulator's counting build and bench/kernel_counts.py.
 
-Holds: the exact counts of a small hand-written kernel (each number derived in a comment),
-that counting leaves its results alone and gives the same counts twice; that recording a launch
-plan builds nothing; the rule that scales counts from two sizes to a third; kernel_counts.py
-end to end at a tiny size, naming every kernel of flash_attention.cu, and its nvcc half where
-nvcc is installed.
+Holds: the helpers' doctests; the exact counts of a small hand-written kernel (each number
+derived in a comment), that counting leaves its results alone and gives the same counts twice;
+that recording a launch plan builds nothing; the rule that scales counts from two sizes to a
+third; the tensor-core kernels' mma counts, scaled exactly (derived from the tiling) and
+tripled by 3xTF32; the roofline's times on made-up counts (the tensor-core term at the
+datasheet's rate, the totals per tensor_cores choice, the on-chip floor); kernel_counts.py end
+to end at tiny sizes, naming every kernel of flash_attention.cu and flash_attention_mma.cu,
+with and without scaling, and its nvcc half where nvcc is installed (mma.sync in the mma
+kernels' PTX only, three times as many for 3xTF32).
 
-Leaves out the numbers of the flash kernels themselves: they change with the kernel. Skips
-without a C++ compiler, saying so.
+Leaves out most numbers of the flash kernels themselves: they change with the kernel; the mma
+count is fixed by the mma's shape and the tiles. Skips without a C++ compiler, saying so.
 """
 
 from __future__ import annotations
 
+import doctest
 import shutil
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +115,11 @@ def test_recording_alone_builds_and_runs_nothing():
     )
 
 
+def test_doctests():
+    # the helpers' worked examples: labels and row order, tiles, multiply-adds, the PTX mix
+    assert doctest.testmod(kernel_counts).failed == 0
+
+
 def test_scaling_rule_on_made_up_counts():
     # A count c(T) = a T^2 + b T fitted from T = 100 and 200, evaluated at 400.
     def made_up(T):
@@ -123,6 +134,56 @@ def test_scaling_rule_on_made_up_counts():
     assert scaled == {"k": {"fma": 16 * made_up(400)}}
 
 
+def test_mma_counts_scale_exactly_and_3xtf32_triples_them():
+    # Causal, 64-row blocks (4 warps of 16 rows) walking 64-key tiles at hs = 16: a (batch, head)
+    # of T rows visits n (n + 1) / 2 tile pairs, n = T / 64, and per pair each warp issues
+    # (hs / 8) (64 / 8) = 16 mma for S = Q K^T and 16 for P V: 32 * 4 warps * 32 lanes = 4096
+    # per pair. At T = 4096: 2080 pairs, times B * nh = 32. The fit through T = 64 and 128 must
+    # give that exactly, since pairs(T) = T^2 / 8192 + T / 128 is a T^2 + b T.
+    counts = {}
+    for tensor_cores in ("tf32", "3xtf32"):
+        small, large = (
+            kernel_counts.per_kernel(
+                kernel_counts.run_kernels(1, 1, T, 16, True, tensor_cores=tensor_cores),
+                tensor_cores,
+            )
+            for T in (64, 128)
+        )
+        counts[tensor_cores] = kernel_counts.scale(small, large, (1, 1, 64, 128), (4, 8, 4096))
+    tf32, three = counts["tf32"], counts["3xtf32"]
+    assert tf32["flash_mma_fwd tf32"]["mma"] == 2080 * 4096 * 32
+    assert tf32["flash_attn_bwd_preprocess"]["mma"] == 0  # the fmaf module's, in both
+    for name in kernel_counts.MMA_KERNELS:
+        # three mma a product, from the same operands: the same shared loads
+        assert three[f"{name} 3xtf32"]["mma"] == 3 * tf32[f"{name} tf32"]["mma"] > 0
+        assert three[f"{name} 3xtf32"]["shared_loads"] == tf32[f"{name} tf32"]["shared_loads"]
+
+
+def test_roofline_on_made_up_counts():
+    gpu = kernel_counts.GPUS["h100"]
+    # the assumed tensor-core rate is the datasheet's dense TF32 peak for H100 SXM
+    assert abs(2 * gpu.tf32_mac_per_s / 1e12 - 494.7) < 0.1
+    zero = {f.name: 0 for f in fields(emulator.Counts)}
+    # An mma kernel: 1e9 mma per lane is 32e9 multiply-adds on the tensor cores; a shared
+    # time below it, a global time above it.
+    mma = {**zero, "mma": 10**9, "shared_load_elements": 10**9, "global_load_elements": 10**9}
+    fmaf = {**zero, "fma": 10**10, "shared_load_elements": 10**10}
+    times = kernel_counts.kernel_ms(mma, gpu)
+    assert times["mma"] == pytest.approx(1e3 * 32e9 / (132 * 1024 * 1.83e9))
+    assert times["global"] == pytest.approx(1e3 * 4e9 / 3.35e12)
+    counts = {"flash_attn_fwd": fmaf, "flash_mma_fwd tf32": mma}
+    totals = {"total off": ["flash_attn_fwd"], "total tf32": ["flash_mma_fwd tf32"]}
+    text = kernel_counts.roofline_table(counts, gpu, True, totals)
+    rows = {line.split()[0] + " " + line.split()[1]: line for line in text.splitlines()[1:]}
+    # the mma kernel: bound by global (charged at DRAM), its on-chip floor by the tensor cores
+    assert rows["flash_mma_fwd tf32"].endswith(
+        f"{times['global']:.3f} (global)     {times['mma']:.3f} (mma)"
+    )
+    assert rows["total tf32"].split()[-2:] == [f"{times['global']:.3f}", f"{times['mma']:.3f}"]
+    fmaf_ms = kernel_counts.kernel_ms(fmaf, gpu)["shared"]
+    assert rows["total off"].split()[-2:] == [f"{fmaf_ms:.3f}"] * 2
+
+
 def test_kernel_counts_runs_end_to_end_at_a_tiny_size():
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "kernel_counts.py"),
@@ -132,17 +193,56 @@ def test_kernel_counts_runs_end_to_end_at_a_tiny_size():
     assert result.returncode == 0, result.stderr
     for name in kernel_counts.KERNELS:
         assert name in result.stdout
+    for name in kernel_counts.MMA_KERNELS:  # the default: all three tensor_cores choices
+        assert f"{name} tf32" in result.stdout and f"{name} 3xtf32" in result.stdout
     # T // 2 = 16 is below a tile: a fit through it would extrapolate nonsense (negative counts)
     assert "Not scaled" in result.stdout and "Roofline" not in result.stdout
+
+
+def test_kernel_counts_scales_each_choice_and_totals_them_apart():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "kernel_counts.py"),
+         "--T", "128", "--hs", "16", "--nh", "1", "--no-nvcc"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    roofline = result.stdout.split("Roofline")[1]
+    assert "TF32 mma 494.7 TFLOP/s dense" in roofline
+    totals = [line.split()[1] for line in roofline.splitlines() if line.startswith("total ")]
+    assert totals == ["off", "tf32", "3xtf32"]
+    # one choice alone: its rows only, and one plain total
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "kernel_counts.py"),
+         "--T", "128", "--hs", "16", "--nh", "1", "--no-nvcc", "--tensor-cores", "3xtf32"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "flash_mma_fwd 3xtf32" in result.stdout and " tf32" not in result.stdout
+    assert "flash_attn_fwd" not in result.stdout and "\ntotal " in result.stdout
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_kernel_counts_reports_the_static_mix_where_nvcc_is_installed():
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "kernel_counts.py"), "--no-emulate"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     mix, registers = result.stdout.split("Static mix")[1].split("Registers")
-    for name in kernel_counts.KERNELS:
-        assert name in mix and name in registers
+    rows = [*kernel_counts.KERNELS]
+    rows += [f"{name} {tc}" for name in kernel_counts.MMA_KERNELS for tc in ("tf32", "3xtf32")]
+    for row in rows:
+        assert row in mix and row in registers
+    # mma.sync in the PTX: none in the fmaf kernels, three times tf32's in 3xtf32's. A row is
+    # its name, the options (each a -D or -std word), then a number per PTX pattern.
+    column = list(kernel_counts.PTX_PATTERNS).index("mma.sync")
+    mma = {}
+    for line in mix.splitlines():
+        row = next((row for row in rows if line.startswith(row + "  ")), None)
+        if row is not None:
+            numbers = [c for c in line[len(row) :].split() if not c.startswith("-")]
+            mma[row] = int(numbers[column])
+    assert sorted(mma) == sorted(rows)
+    assert all(mma[name] == 0 for name in kernel_counts.KERNELS)
+    for name in kernel_counts.MMA_KERNELS:
+        assert mma[f"{name} 3xtf32"] == 3 * mma[f"{name} tf32"] > 0

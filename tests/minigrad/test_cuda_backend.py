@@ -245,13 +245,6 @@ def test_cuda_without_cupy_raises_a_clear_error(make):
 
 
 # ---- TF32: float32 products on the tensor cores ------------------------------------------------
-@pytest.fixture
-def precision():
-    """Put the global float32 matmul precision back after the test."""
-    yield
-    mg.set_float32_matmul_precision("highest")
-
-
 def test_tf32_rounds_inputs_to_ten_significand_bits(fake_cupy):
     tf32 = fake_cupy._tf32
     x = np.array([1 + 2**-11, 1 + 2**-12, -(1 + 3 * 2**-11), np.inf, np.nan], np.float32)
@@ -260,7 +253,7 @@ def test_tf32_rounds_inputs_to_ten_significand_bits(fake_cupy):
     assert np.isnan(got[4])
 
 
-@pytest.mark.usefixtures("precision")
+@pytest.mark.usefixtures("matmul_precision")
 def test_high_precision_multiplies_float32_in_tf32_on_the_gpu_only(fake_cupy, rng):
     a, b = rng.standard_normal((16, 64)), rng.standard_normal((64, 8))
 

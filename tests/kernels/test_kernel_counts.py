@@ -184,13 +184,18 @@ def test_roofline_on_made_up_counts():
     assert rows["total off"].split()[-2:] == [f"{fmaf_ms:.3f}"] * 2
 
 
-def test_kernel_counts_runs_end_to_end_at_a_tiny_size():
+def run_kernel_counts(*args: str, timeout: int) -> subprocess.CompletedProcess:
+    """bench/kernel_counts.py with these arguments in a fresh process; it must succeed."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "kernel_counts.py"),
-         "--T", "32", "--hs", "16", "--nh", "1", "--no-nvcc"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        [sys.executable, str(ROOT / "bench" / "kernel_counts.py"), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_kernel_counts_runs_end_to_end_at_a_tiny_size():
+    result = run_kernel_counts("--T", "32", "--hs", "16", "--nh", "1", "--no-nvcc", timeout=120)
     for name in kernel_counts.KERNELS:
         assert name in result.stdout
     for name in kernel_counts.MMA_KERNELS:  # the default: all three tensor_cores choices
@@ -200,34 +205,21 @@ def test_kernel_counts_runs_end_to_end_at_a_tiny_size():
 
 
 def test_kernel_counts_scales_each_choice_and_totals_them_apart():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "kernel_counts.py"),
-         "--T", "128", "--hs", "16", "--nh", "1", "--no-nvcc"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    small = ("--T", "128", "--hs", "16", "--nh", "1", "--no-nvcc")
+    result = run_kernel_counts(*small, timeout=300)
     roofline = result.stdout.split("Roofline")[1]
     assert "TF32 mma 494.7 TFLOP/s dense" in roofline
     totals = [line.split()[1] for line in roofline.splitlines() if line.startswith("total ")]
     assert totals == ["off", "tf32", "3xtf32"]
     # one choice alone: its rows only, and one plain total
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "kernel_counts.py"),
-         "--T", "128", "--hs", "16", "--nh", "1", "--no-nvcc", "--tensor-cores", "3xtf32"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    result = run_kernel_counts(*small, "--tensor-cores", "3xtf32", timeout=300)
     assert "flash_mma_fwd 3xtf32" in result.stdout and " tf32" not in result.stdout
     assert "flash_attn_fwd" not in result.stdout and "\ntotal " in result.stdout
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_kernel_counts_reports_the_static_mix_where_nvcc_is_installed():
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "kernel_counts.py"), "--no-emulate"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    result = run_kernel_counts("--no-emulate", timeout=300)
     mix, registers = result.stdout.split("Static mix")[1].split("Registers")
     rows = [*kernel_counts.KERNELS]
     rows += [f"{name} {tc}" for name in kernel_counts.MMA_KERNELS for tc in ("tf32", "3xtf32")]

@@ -22,8 +22,8 @@ ThreadSanitizer; the process must then start with the sanitizer's runtime preloa
 
 `with count_launches() as launches:` runs every launch inside it in a third build, which counts
 (per launch, summed over threads) fmaf calls, mma instructions, shared and global loads and
-stores, in instructions and in 4-byte elements, barriers and shuffles, and records each launch with its
-`Counts` in `launches`. The build uses -fsanitize=thread's instrumentation without its
+stores, in instructions and in 4-byte elements, barriers and shuffles, and records each launch
+with its `Counts` in `launches`. The build uses -fsanitize=thread's instrumentation without its
 runtime: the header defines the hooks the compiler calls before each load and store, and sorts
 them by address (the block's shared buffer, the array arguments; the stack, where a GPU keeps
 registers, is not counted). Counts are exact and deterministic for one source and launch:

@@ -328,6 +328,7 @@ def roofline_table(
 PTX_PATTERNS = {
     "fma.rn.f32": r"\bfma\.rn\.f32\b",
     "mma.sync": r"\bmma\.sync\.",
+    "cvt.tf32": r"\bcvt\.rna\.tf32\.f32\b",  # the mma kernels' float -> TF32 roundings
     "ld.shared": r"\bld\.shared(?!\.v[24])\.",
     "ld.shared.v2": r"\bld\.shared\.v2\.",
     "ld.shared.v4": r"\bld\.shared\.v4\.",
@@ -345,8 +346,8 @@ def ptx_mix(ptx: str) -> dict[str, dict[str, int]]:
     >>> mix["k"]["fma.rn.f32"], mix["k"]["ld.shared.v4"], mix["k"]["ld.shared"]
     (2, 1, 0)
     >>> mma = ptx_mix(".entry m(\\n mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 d;\\n}")
-    >>> mma["m"]["mma.sync"], mma["m"]["fma.rn.f32"]
-    (1, 0)
+    >>> mma["m"]["mma.sync"], mma["m"]["fma.rn.f32"], mma["m"]["cvt.tf32"]
+    (1, 0, 0)
     """
     entries = re.split(r"\.entry\s+(\w+)\s*\(", ptx)
     return {

@@ -73,9 +73,10 @@
 #define LD (HSP + 4)              // row stride of every shared tile (see the header)
 #define FULL_MASK 0xffffffffu
 // Blocks per SM the dQ kernel asks registers for: 3 up to HS 64, where ptxas (sm_90) fits it in
-// 168 registers without spilling (190 unasked: 2 blocks), so 12 warps instead of 8 hide the
-// latency of the loads that feed the mma. The other kernels need no cap: the forward takes
-// 127 registers (4 blocks) unasked, and dK/dV, with two accumulators, spills under a cap.
+// 168 registers (TF32: no spill; 3xTF32: 12 bytes, three floats kept in L1), where unasked it
+// takes up to 243 and gets 2 blocks: 12 warps instead of 8 hide the latency of the loads that
+// feed the mma. The other kernels need no cap: the forward takes at most 127 registers up to
+// HS 64 (4 blocks) unasked, and dK/dV, with two accumulators, spills under a cap.
 #define DQ_MIN_BLOCKS (HS > 64 ? 1 : 3)
 static_assert(PASSES == 1 || PASSES == 3, "PASSES is 1 (TF32) or 3 (3xTF32)");
 static_assert(KT % 8 == 0 && KT <= 64, "the walked tile is whole 8-column slices");
@@ -108,24 +109,38 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4],
 #endif
 }
 
-// d += A B for float32 fragments: one TF32 mma, or three (3xTF32): the two cross terms, then
-// big * big (CUTLASS's order; another order differs only in float32's last bits).
-__device__ __forceinline__ void mma(float (&d)[4], const float (&a)[4], const float (&b)[2]) {
-    unsigned a_big[4], b_big[2];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a_big[i] = to_tf32(a[i]);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) b_big[i] = to_tf32(b[i]);
+// N floats of a fragment as TF32 operands: big = tf32(x) and, for 3xTF32, small =
+// tf32(x - big). Split once per fragment, not once per product: an A fragment feeds a whole
+// row of products.
+template <int N>
+struct Tf32 {
+    unsigned big[N];
 #if PASSES == 3
-    unsigned a_small[4], b_small[2];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a_small[i] = to_tf32(a[i] - __uint_as_float(a_big[i]));
-#pragma unroll
-    for (int i = 0; i < 2; ++i) b_small[i] = to_tf32(b[i] - __uint_as_float(b_big[i]));
-    mma_tf32(d, a_small, b_big);
-    mma_tf32(d, a_big, b_small);
+    unsigned small[N];
 #endif
-    mma_tf32(d, a_big, b_big);
+};
+
+template <int N>
+__device__ __forceinline__ Tf32<N> split(const float (&x)[N]) {
+    Tf32<N> out;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        out.big[i] = to_tf32(x[i]);
+#if PASSES == 3
+        out.small[i] = to_tf32(x[i] - __uint_as_float(out.big[i]));
+#endif
+    }
+    return out;
+}
+
+// d += A B: one TF32 mma, or three (3xTF32): the two cross terms, then big * big (CUTLASS's
+// order; another order differs only in float32's last bits).
+__device__ __forceinline__ void mma(float (&d)[4], const Tf32<4>& a, const Tf32<2>& b) {
+#if PASSES == 3
+    mma_tf32(d, a.small, b.big);
+    mma_tf32(d, a.big, b.small);
+#endif
+    mma_tf32(d, a.big, b.big);
 }
 
 // ---- Fragments from shared tiles (row-major, stride LD). g = lane / 4, t = lane % 4.
@@ -171,11 +186,12 @@ __device__ __forceinline__ void product_t(float (&acc)[KT / 8][4], const float* 
     for (int k0 = 0; k0 < HSP; k0 += 8) {
         float a[4];
         load_a(a, X, r0, k0, g, t);
+        const Tf32<4> a32 = split(a);
 #pragma unroll
         for (int n = 0; n < KT / 8; ++n) {
             float b[2];
             load_bt(b, Y, 8 * n, k0, g, t);
-            mma(acc[n], a, b);
+            mma(acc[n], a32, split(b));
         }
     }
 }
@@ -188,11 +204,12 @@ __device__ __forceinline__ void product_p(float (&acc)[HSP / 8][4], const float 
     for (int j = 0; j < KT / 8; ++j) {
         float a[4];
         as_a(a, p[j]);
+        const Tf32<4> a32 = split(a);
 #pragma unroll
         for (int n = 0; n < HSP / 8; ++n) {
             float b[2];
             load_b_paired(b, Y, 8 * j, 8 * n, g, t);
-            mma(acc[n], a, b);
+            mma(acc[n], a32, split(b));
         }
     }
 }

@@ -14,10 +14,14 @@
 // hides the older keys too: query i then sees (S - T) + i - W < j, W keys at most, itself
 // included, and key tiles wholly outside that band are skipped, so the cost is O(T * W);
 // window = 0 means none. ALiBi adds -slopes[h] * |(S - T + i) - j| to the scaled scores;
-// slopes may be a null pointer.
+// slopes may be a null pointer. Attention dropout (training, dropout_p > 0) drops each
+// weight with probability p and scales the rest by 1 / (1 - p), the mask a hash of (seed, the
+// weight's index in the (B, nh, T, S) array): the naive path's dropout on the GPU, element
+// for element (see dropout_factor).
 //
-// Leaves out on purpose, for readability: tensor cores (mma / wgmma), asynchronous copies and
-// double buffering, half precision, dropout. Every product is a scalar fp32 fmaf.
+// Leaves out on purpose, for readability: tensor cores (mma / wgmma: flash_attention_mma.cu
+// has them), asynchronous copies and double buffering, half precision. Every product is a
+// scalar fp32 fmaf.
 //
 // Follows Dao, "FlashAttention-2" (2023), Algorithms 1 (forward) and 2 (backward), with the
 // register tiling of a classic SIMT matrix multiply (CUTLASS's "thread tile"; Volkov and
@@ -78,12 +82,17 @@
 //   the score and dP tiles (about 40% more FLOPs in the backward).
 
 // The tile height and the head size are compile-time choices made by the launcher, one module
-// per (TILE, HS): TILE from the device's shared memory (64, 32 or 16), HS the head size.
+// per (TILE, HS, DROPOUT): TILE from the device's shared memory (64, 32 or 16), HS the head size.
 #ifndef TILE
 #define TILE 64
 #endif
 #ifndef HS
 #define HS 64
+#endif
+// 1 in the module built for attention dropout (training with dropout_p > 0): the mask code is
+// compiled only there, so the kernels without it keep their registers.
+#ifndef DROPOUT
+#define DROPOUT 0
 #endif
 #define BR TILE                        // query rows per tile
 #define BC TILE                        // key rows per tile
@@ -223,6 +232,23 @@ __device__ __forceinline__ float masked_score(float dot, int i, int j, int T, in
     return visible ? dot * scale - slope * fabsf((float)(i_abs - j)) : NEG_INF;
 }
 
+// Attention dropout's factor for the weight of query i and key j of the pair bh = b * nh + h:
+// 1 / (1 - p) (`keep_scale`) if kept, 0 if dropped. Kept means u >= p for the uniform u of
+// splitmix64 at the weight's index n in the (B, nh, T, S) array, (seed + (n + 1) * step mixed,
+// its top 24 bits times 2^-24): minigrad/kernels/fused.py's minigrad_keep, which the naive
+// path's dropout runs, so both paths drop the same weights. With dropout:
+//   forward   O = (P * Z) V, while l and lse sum the undropped P (Z: these factors);
+//   backward  dV = (P * Z)^T dO,  dS = P * (Z * dP - D),  D = rowsum(dO * O) as before.
+__device__ __forceinline__ float dropout_factor(unsigned long long seed, float p, float keep_scale,
+                                                long long bh, int i, int j, int T, int S) {
+    const unsigned long long n = ((unsigned long long)bh * T + i) * S + j;
+    unsigned long long z = seed + (n + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z = z ^ (z >> 31);
+    return (float)(z >> 40) * 5.9604644775390625e-08f >= p ? keep_scale : 0.0f;
+}
+
 // The first key tile that any query of the tile starting at q0 sees: 0 without a window;
 // with one, the tile holding key (S - T) + q0 - W + 1, the oldest key its first query sees.
 // Earlier tiles lie wholly behind the band and are skipped (as the twin's k_start).
@@ -239,7 +265,8 @@ __device__ __forceinline__ int first_key_tile(int q0, int T, int S, int window) 
 extern "C" __launch_bounds__(NTHREADS, MIN_BLOCKS) __global__ void flash_attn_fwd(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ slopes, float* __restrict__ o, float* __restrict__ lse, int nh,
-    int n_kv, int T, int S, int hs, float scale, int causal, int window) {
+    int n_kv, int T, int S, int hs, float scale, int causal, int window, float dropout_p,
+    float keep_scale, unsigned long long seed) {
     (void)hs;  // equals HS: the launcher builds one module per head size
     // Causal tiles near the end of the sequence see the most keys: start them first so the
     // short ones fill the gaps at the end of the launch.
@@ -303,8 +330,12 @@ extern "C" __launch_bounds__(NTHREADS, MIN_BLOCKS) __global__ void flash_attn_fw
 #pragma unroll
             for (int b = 0; b < SCT; ++b) {
                 const float p = expf(s[a][b] - m_safe);
-                sP[(r0 + a) * LDP + tx + TC * b] = p;
-                l_tile += p;
+                const float z = DROPOUT ? dropout_factor(seed, dropout_p, keep_scale, bh,
+                                                                  q0 + r0 + a, k0 + tx + TC * b,
+                                                                  T, S)
+                                                 : 1.0f;
+                sP[(r0 + a) * LDP + tx + TC * b] = p * z;  // P V takes the dropped weights
+                l_tile += p;                               // the softmax's sum does not
             }
             l[a] = fmaf(alpha, l[a], row_sum(l_tile));
             m[a] = m_new;
@@ -356,7 +387,7 @@ extern "C" __launch_bounds__(NTHREADS, MIN_BLOCKS) __global__ void flash_attn_bw
     const float* __restrict__ slopes, const float* __restrict__ grad_o,
     const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dk,
     float* __restrict__ dv, int nh, int n_kv, int T, int S, int hs, float scale, int causal,
-    int window) {
+    int window, float dropout_p, float keep_scale, unsigned long long seed) {
     (void)hs;  // equals HS
     const int k0 = blockIdx.x * BC;
     const int kv = blockIdx.y;  // b * n_kv + kv_head
@@ -413,8 +444,11 @@ extern "C" __launch_bounds__(NTHREADS, MIN_BLOCKS) __global__ void flash_attn_bw
                     const float s = masked_score(st[a][b], q0 + r, k0 + c0 + a, T, S, scale,
                                                  slope, causal, window);
                     const float p = expf(s - sLse[r]);  // masked: exp(-inf) = 0
-                    sPt[(c0 + a) * LDP + r] = p;
-                    sdSt[(c0 + a) * LDP + r] = p * (dpt[a][b] - sD[r]);
+                    const float z = DROPOUT ? dropout_factor(seed, dropout_p, keep_scale,
+                                                                      bh, q0 + r, k0 + c0 + a, T, S)
+                                                     : 1.0f;
+                    sPt[(c0 + a) * LDP + r] = p * z;
+                    sdSt[(c0 + a) * LDP + r] = p * (z * dpt[a][b] - sD[r]);
                 }
             __syncthreads();  // the whole P^T and dS^T tiles are in shared memory
 
@@ -440,7 +474,8 @@ extern "C" __launch_bounds__(NTHREADS, MIN_BLOCKS) __global__ void flash_attn_bw
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ slopes, const float* __restrict__ grad_o,
     const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dq, int nh,
-    int n_kv, int T, int S, int hs, float scale, int causal, int window) {
+    int n_kv, int T, int S, int hs, float scale, int causal, int window, float dropout_p,
+    float keep_scale, unsigned long long seed) {
     (void)hs;  // equals HS
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;  // heaviest causal tiles first
     const int bh = blockIdx.y;
@@ -491,7 +526,10 @@ extern "C" __launch_bounds__(NTHREADS, MIN_BLOCKS) __global__ void flash_attn_bw
                 const float p = expf(masked_score(s[a][b], q0 + r0 + a, k0 + c, T, S, scale,
                                                   slope, causal, window) -
                                      lse_safe[a]);
-                sdS[(r0 + a) * LDP + c] = p * (dp[a][b] - row_D[a]);
+                const float z = DROPOUT ? dropout_factor(seed, dropout_p, keep_scale, bh,
+                                                                  q0 + r0 + a, k0 + c, T, S)
+                                                 : 1.0f;
+                sdS[(r0 + a) * LDP + c] = p * (z * dp[a][b] - row_D[a]);
             }
         __syncthreads();  // the whole dS tile is in shared memory
 

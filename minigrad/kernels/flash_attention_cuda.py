@@ -88,14 +88,18 @@ def _runtime(x: Array) -> tuple[ModuleType, Any, dict]:
 
 
 @cache
-def _module(raw_module: Any, tile: int, hs: int, passes: int | None = None) -> Any:
+def _module(
+    raw_module: Any, tile: int, hs: int, passes: int | None = None, dropout: bool = False
+) -> Any:
     """The kernels built with `tile`-row tiles for head size hs: the fmaf kernels, or with
-    `passes` the tensor-core ones; compiled on first use, then cached (CuPy and the emulator
-    also keep the binary on disk, keyed by source and options)."""
+    `passes` the tensor-core ones; with `dropout`, the build that has attention dropout's mask
+    (-DDROPOUT=1; the others leave its code out). Compiled on first use, then cached (CuPy and
+    the emulator also keep the binary on disk, keyed by source and options)."""
+    extra = ("-DDROPOUT=1",) if dropout else ()
     if passes is None:
-        options = (*_COMPILE_OPTIONS, f"-DTILE={tile}", f"-DHS={hs}")
+        options = (*_COMPILE_OPTIONS, f"-DTILE={tile}", f"-DHS={hs}", *extra)
         return raw_module(code=_SOURCE.read_text(), options=options)
-    options = (*_COMPILE_OPTIONS, f"-DKT={tile}", f"-DHS={hs}", f"-DPASSES={passes}")
+    options = (*_COMPILE_OPTIONS, f"-DKT={tile}", f"-DHS={hs}", f"-DPASSES={passes}", *extra)
     return raw_module(code=_MMA_SOURCE.read_text(), options=options)
 
 
@@ -197,12 +201,14 @@ def _launch(
 ) -> None:
     """Launch a tiled kernel over (tiles of n_rows, batch_heads) blocks, with the tile and
     shared memory of `launch_plan`, opting in above the 48 KB default: the fmaf kernel
-    `name`, or with `passes` its tensor-core twin (flash_attn_* -> flash_mma_*)."""
+    `name`, or with `passes` its tensor-core twin (flash_attn_* -> flash_mma_*); the dropout
+    build where the arguments' dropout_p (third from the end) is above 0."""
     _, raw_module, attributes = _runtime(args[0])
     if passes is not None:
         name = name.replace("flash_attn_", "flash_mma_")
     tile, smem = launch_plan(name, hs, attributes)
-    kernel = _module(raw_module, tile, hs, passes).get_function(name)
+    dropout = bool(args[-3] > 0)
+    kernel = _module(raw_module, tile, hs, passes, dropout).get_function(name)
     if smem > attributes["MaxSharedMemoryPerBlock"]:  # 48 KB without opting in
         # The attribute belongs to the kernel on the current device; setting it is cheap.
         kernel.max_dynamic_shared_size_bytes = smem
@@ -286,13 +292,40 @@ def _window(window: int | None, causal: bool, S: int) -> np.int32:
     return np.int32(window if window < S else 0)
 
 
-def _scalars(q: Array, k: Array, causal: bool, scale: float | None, window: int | None) -> tuple:
-    """The kernels' trailing int/float arguments: nh, n_kv, T, S, hs, scale, causal, window."""
+def _dropout(dropout_p: float, seed: int) -> tuple:
+    """The kernels' dropout arguments: p, the kept weights' factor 1 / (1 - p) in float32 (as
+    the naive path's dropout computes it, so both scale alike) and the seed as uint64. Raises
+    ValueError for p outside [0, 1] or a seed outside [0, 2^64).
+
+    >>> [float(a) for a in _dropout(0.2, 7)]
+    [0.20000000298023224, 1.25, 7.0]
+    """
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1] (the probability to drop); got {dropout_p}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be a whole number in [0, 2^64); got {seed!r}")
+    # p = 1: every weight is dropped and the factor never used
+    keep_scale = 1.0 / (1.0 - dropout_p) if dropout_p < 1 else math.inf
+    return np.float32(dropout_p), np.float32(keep_scale), np.uint64(seed)
+
+
+def _scalars(
+    q: Array,
+    k: Array,
+    causal: bool,
+    scale: float | None,
+    window: int | None,
+    dropout_p: float = 0.0,
+    seed: int = 0,
+) -> tuple:
+    """The kernels' trailing arguments: nh, n_kv, T, S, hs, scale, causal, window, then
+    dropout's p, factor and seed."""
     B, nh, T, hs = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(hs) if scale is None else scale
     ints = (np.int32(nh), np.int32(n_kv), np.int32(T), np.int32(S), np.int32(hs))
-    return (*ints, np.float32(scale), np.int32(bool(causal)), _window(window, causal, S))
+    head = (*ints, np.float32(scale), np.int32(bool(causal)), _window(window, causal, S))
+    return (*head, *_dropout(dropout_p, seed))
 
 
 def flash_attention_forward_cuda(
@@ -304,6 +337,8 @@ def flash_attention_forward_cuda(
     scale: float | None = None,
     window: int | None = None,
     tensor_cores: str = "auto",
+    dropout_p: float = 0.0,
+    seed: int = 0,
 ) -> tuple[Array, Array]:
     """Attention output o (B, nh, T, hs) and row logsumexp lse (B, nh, T) on the GPU.
 
@@ -312,8 +347,10 @@ def flash_attention_forward_cuda(
     and sizes with a ValueError/TypeError that says why. scale defaults to 1/sqrt(hs). A
     sliding `window` W (causal only) lets query i see keys (S - T) + i - W < j <= (S - T) + i,
     and the key tiles outside that band are never loaded. `tensor_cores` picks the fmaf or
-    the tensor-core kernels (see the module docstring). NumPy arrays run the same kernels in
-    the emulator.
+    the tensor-core kernels (see the module docstring). `dropout_p` > 0 drops attention
+    weights (training) with the mask of `seed`, the one the naive path's dropout draws on the
+    GPU from the same seed (dropout_factor in the .cu); lse stays the undropped logsumexp.
+    NumPy arrays run the same kernels in the emulator.
     """
     xp = xp_of(q)
     q, k, v = _check_qkv(q, k, v)
@@ -322,7 +359,7 @@ def flash_attention_forward_cuda(
     slopes = _slopes(alibi_slopes, nh, xp)
     o = xp.empty_like(q)
     lse = xp.empty((B, nh, T), dtype=xp.float32)
-    args = (q, k, v, slopes, o, lse, *_scalars(q, k, causal, scale, window))
+    args = (q, k, v, slopes, o, lse, *_scalars(q, k, causal, scale, window, dropout_p, seed))
     _launch("flash_attn_fwd", T, B * nh, args, hs, passes)  # blocks: (query tiles, b*nh + h)
     return o, lse
 
@@ -339,14 +376,17 @@ def flash_attention_backward_cuda(
     scale: float | None = None,
     window: int | None = None,
     tensor_cores: str = "auto",
+    dropout_p: float = 0.0,
+    seed: int = 0,
 ) -> tuple[Array, Array, Array]:
     """Gradients dq (B, nh, T, hs), dk and dv (B, n_kv, S, hs) on the GPU.
 
     o and lse come from `flash_attention_forward_cuda` with the same arguments; grad_o has o's
     shape. Same input rules as the forward. Three launches: D = rowsum(grad_o * o), then dK
     and dV (one block per key tile), then dQ (one block per query tile); the .cu explains
-    why dQ has its own kernel instead of atomicAdd. `tensor_cores` as in the forward (the
-    preprocess is the fmaf module's either way: it has no product to speed up).
+    why dQ has its own kernel instead of atomicAdd. `tensor_cores`, `dropout_p` and `seed` as
+    in the forward, which they must equal (the preprocess is the fmaf module's either way: it
+    has no product to speed up).
     """
     xp = xp_of(q)
     q, k, v = _check_qkv(q, k, v)
@@ -361,7 +401,7 @@ def flash_attention_backward_cuda(
             f"got {o.shape}, {grad_o.shape}, {lse.shape}"
         )
     slopes = _slopes(alibi_slopes, nh, xp)
-    scalars = _scalars(q, k, causal, scale, window)
+    scalars = _scalars(q, k, causal, scale, window, dropout_p, seed)
 
     D = xp.empty((B, nh, T), dtype=xp.float32)
     rows = B * nh * T

@@ -50,7 +50,7 @@
 //
 // Leaves out, for readability: ldmatrix (it moves 16-bit elements; TF32 fragments are read
 // one float at a time), asynchronous copies and double buffering, the float2 loads an
-// interleaved layout would allow, wgmma (sm_90's warpgroup instructions), dropout.
+// interleaved layout would allow, wgmma (sm_90's warpgroup instructions).
 //
 // Follows Dao, "FlashAttention-2" (2023), section 3.3 (work split between warps); the PTX ISA,
 // "Matrix Fragments for mma.m16n8k8" (the layouts above); and Ootomo and Yokota, "Recovering
@@ -65,6 +65,9 @@
 #endif
 #ifndef PASSES
 #define PASSES 3  // 3: 3xTF32, about float32's accuracy; 1: TF32
+#endif
+#ifndef DROPOUT
+#define DROPOUT 0  // 1: the module for attention dropout (as in flash_attention.cu)
 #endif
 #define WARPS 4
 #define NTHREADS (32 * WARPS)
@@ -249,6 +252,19 @@ __device__ __forceinline__ float masked_score(float dot, int i, int j, int T, in
     return visible ? dot * scale - slope * fabsf((float)(i_abs - j)) : NEG_INF;
 }
 
+// As flash_attention.cu: attention dropout's factor, 1 / (1 - p) or 0, for the weight of query i
+// and key j of the pair bh, from splitmix64 of (seed, its index in the (B, nh, T, S) array): the
+// naive path's mask on the GPU, element for element.
+__device__ __forceinline__ float dropout_factor(unsigned long long seed, float p, float keep_scale,
+                                                long long bh, int i, int j, int T, int S) {
+    const unsigned long long n = ((unsigned long long)bh * T + i) * S + j;
+    unsigned long long z = seed + (n + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z = z ^ (z >> 31);
+    return (float)(z >> 40) * 5.9604644775390625e-08f >= p ? keep_scale : 0.0f;
+}
+
 // Max and sum over the four lanes that hold one row.
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, 1));
@@ -267,7 +283,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 extern "C" __launch_bounds__(NTHREADS) __global__ void flash_mma_fwd(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ slopes, float* __restrict__ o, float* __restrict__ lse, int nh,
-    int n_kv, int T, int S, int hs, float scale, int causal, int window) {
+    int n_kv, int T, int S, int hs, float scale, int causal, int window, float dropout_p,
+    float keep_scale, unsigned long long seed) {
     (void)hs;  // equals HS
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BM;  // heaviest causal tiles first
     const int bh = blockIdx.y;
@@ -324,7 +341,10 @@ extern "C" __launch_bounds__(NTHREADS) __global__ void flash_mma_fwd(
                 for (int e = 0; e < 2; ++e) {
                     float& x = s[n][2 * half + e];
                     x = expf(x - m_safe);  // from here on s holds P
-                    l_tile += x;
+                    l_tile += x;           // the softmax's sum takes P undropped,
+                    if (DROPOUT)  // P V the dropped weights
+                        x *= dropout_factor(seed, dropout_p, keep_scale, bh, i,
+                                            k0 + 8 * n + 2 * t + e, T, S);
                 }
             l[half] = fmaf(alpha, l[half], quad_sum(l_tile));
             m[half] = m_new;
@@ -342,7 +362,8 @@ extern "C" __launch_bounds__(NTHREADS) __global__ void flash_mma_fwd(
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int i = q0 + r0 + g + 8 * half;
-        if (t == 0 && i < T) lse[(long long)bh * T + i] = l[half] > 0.0f ? m[half] + logf(l[half]) : NEG_INF;
+        if (t == 0 && i < T)
+            lse[(long long)bh * T + i] = l[half] > 0.0f ? m[half] + logf(l[half]) : NEG_INF;
         inv_l[half] = l[half] > 0.0f ? 1.0f / l[half] : 0.0f;
     }
     store_rows(o + (long long)bh * T * HS, acc, inv_l, q0 + r0, T, g, t);
@@ -359,7 +380,7 @@ extern "C" __launch_bounds__(NTHREADS) __global__ void flash_mma_bwd_dkdv(
     const float* __restrict__ slopes, const float* __restrict__ grad_o,
     const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dk,
     float* __restrict__ dv, int nh, int n_kv, int T, int S, int hs, float scale, int causal,
-    int window) {
+    int window, float dropout_p, float keep_scale, unsigned long long seed) {
     (void)hs;  // equals HS
     const int k0 = blockIdx.x * BM;
     const int kv = blockIdx.y;
@@ -411,8 +432,11 @@ extern "C" __launch_bounds__(NTHREADS) __global__ void flash_mma_bwd_dkdv(
                     const float s = masked_score(st[n][i], qt + r, key, T, S, scale, slope,
                                                  causal, window);
                     const float p = expf(s - sLse[r]);
-                    st[n][i] = p;                      // P^T
-                    dpt[n][i] = p * (dpt[n][i] - sD[r]);  // dS^T
+                    const float z = DROPOUT ? dropout_factor(seed, dropout_p, keep_scale,
+                                                                      bh, qt + r, key, T, S)
+                                                     : 1.0f;
+                    st[n][i] = p * z;                         // (P * Z)^T, for dV
+                    dpt[n][i] = p * (z * dpt[n][i] - sD[r]);  // dS^T
                 }
 
             // 2. dV += P^T dO, dK += dS^T Q.
@@ -433,7 +457,8 @@ extern "C" __launch_bounds__(NTHREADS, DQ_MIN_BLOCKS) __global__ void flash_mma_
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ slopes, const float* __restrict__ grad_o,
     const float* __restrict__ lse, const float* __restrict__ D, float* __restrict__ dq, int nh,
-    int n_kv, int T, int S, int hs, float scale, int causal, int window) {
+    int n_kv, int T, int S, int hs, float scale, int causal, int window, float dropout_p,
+    float keep_scale, unsigned long long seed) {
     (void)hs;  // equals HS
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BM;
     const int bh = blockIdx.y;
@@ -480,11 +505,14 @@ extern "C" __launch_bounds__(NTHREADS, DQ_MIN_BLOCKS) __global__ void flash_mma_
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int half = i / 2;
-                const float p = expf(masked_score(s[n][i], q0 + r0 + g + 8 * half,
-                                                  k0 + 8 * n + 2 * t + i % 2, T, S, scale, slope,
-                                                  causal, window) -
+                const int row = q0 + r0 + g + 8 * half, key = k0 + 8 * n + 2 * t + i % 2;
+                const float p = expf(masked_score(s[n][i], row, key, T, S, scale, slope, causal,
+                                                  window) -
                                      lse_safe[half]);
-                s[n][i] = p * (dp[n][i] - row_D[half]);  // dS
+                const float z =
+                    DROPOUT ? dropout_factor(seed, dropout_p, keep_scale, bh, row, key, T, S)
+                                     : 1.0f;
+                s[n][i] = p * (z * dp[n][i] - row_D[half]);  // dS
             }
 
         product_p(dq_acc, s, sK, g, t);  // dQ += dS K

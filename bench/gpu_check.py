@@ -13,8 +13,9 @@ going on after a failure:
    --kernel-split), the GPU half of bench/attention.py (--device cuda --skip-kv at ATTENTION_T,
    the same kernels beside the naive CuPy path and torch SDPA), the counts of bench/kernel_counts.py
    (--no-emulate; a note in the report where the script is absent), a short
-   bench/train_vs_torch.py --device cuda (baby-gpt), and nanoGPT's own train.py on the same
-   GPU where a prepared checkout was carried along (bench/nanogpt_peer.py);
+   bench/train_vs_torch.py --device cuda (baby-gpt), nanoGPT's own train.py on the same
+   GPU where a prepared checkout was carried along (bench/nanogpt_peer.py), and ours again in
+   a third of the steps with attention and its dropout in the flash kernel (--attn-impl=flash);
 3. compute-sanitizer's memcheck, racecheck and synccheck on the flash-attention kernels (every
    `tensor_cores` choice the GPU has), on a small case and an odd-sized one (this script
    again, with --kernel-case, checks the kernels' output against the NumPy twin so a crashed
@@ -383,6 +384,11 @@ def plan(
         )  # fmt: skip
         steps.append(Step(f"nanoGPT's own train.py, float32, {iters} iterations", peer, "peer",
                           40, missing))  # fmt: skip
+        # ours with attention (and its dropout) in the flash kernel, where auto takes the naive
+        # path: what decides auto's choice under dropout (issue 26); a guess of 60 s
+        flash = [*train[:-3], "--iters", str(max(iters // 3, 1)), "--quiet", "--attn-impl=flash"]
+        steps.append(Step(f"the same, attention in the flash kernel, {max(iters // 3, 1)} steps",
+                          flash, "train", 60))  # fmt: skip
     if sanitizer is None:
         missing = "compute-sanitizer is not on PATH: install the CUDA toolkit to run it"
         steps.append(Step("compute-sanitizer (all tools)", [], "none", 0, missing))

@@ -122,6 +122,8 @@ def configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         extra["eval_interval"] = args.eval_interval
     if getattr(args, "matmul_precision", None):
         extra["matmul_precision"] = args.matmul_precision
+    if getattr(args, "attn_impl", None):
+        extra["attn_impl"] = args.attn_impl
     return build_configs(args.preset, **extra)
 
 
@@ -245,6 +247,8 @@ def run_one(args: argparse.Namespace, seed: int, side: str) -> dict:
     forwarded += [f"--eval-interval={args.eval_interval}"] if args.eval_interval else []
     precision = getattr(args, "matmul_precision", None)
     forwarded += [f"--matmul-precision={precision}"] if precision else []
+    attn_impl = getattr(args, "attn_impl", None)
+    forwarded += [f"--attn-impl={attn_impl}"] if attn_impl else []
     forwarded += ["--quiet"] if args.quiet else []
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
@@ -435,6 +439,13 @@ def main() -> int:
         choices=("highest", "high"),
         help="GPU float32 products, both sides: highest (float32) or high (TF32); "
         "default: the preset's",
+    )
+    p.add_argument(
+        "--attn-impl",
+        default=None,
+        choices=("auto", "naive", "flash"),
+        help="our attention path (default: the preset's, auto); flash on the GPU runs attention "
+        "dropout inside the kernel, where auto takes the naive path",
     )
     p.add_argument(
         "--seeds", default=None, help="comma-separated seeds, e.g. 1337,1,2 (default: the preset's)"

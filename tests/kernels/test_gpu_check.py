@@ -217,7 +217,7 @@ def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
     # the benchmarks before the sanitizers: a short lease measures first
     assert (
         kinds
-        == ["tests", "split", "attention", "counts", "train", "peer"]
+        == ["tests", "split", "attention", "counts", "train", "peer", "train"]
         + ["memcheck"] * 2
         + ["racecheck"] * 2
         + ["synccheck"] * 2
@@ -232,8 +232,9 @@ def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
     assert steps[3].command[-1] == "--no-emulate" and steps[3].absent == ""
     assert steps[4].command[-3:] == ["--iters", "300", "--quiet"] and "cuda" in steps[4].command
     assert steps[5].command[-2:] == ["--iters", "300"] and "nanogpt_peer.py" in steps[5].command[1]
-    assert steps[6].command[:5] == [sanitizer, "--tool", "memcheck", "--error-exitcode", "1"]
-    assert {s.command[-1] for s in steps[6:-2]} == {"small", "odd"}
+    assert steps[6].command[-1] == "--attn-impl=flash" and "100" in steps[6].title
+    assert steps[7].command[:5] == [sanitizer, "--tool", "memcheck", "--error-exitcode", "1"]
+    assert {s.command[-1] for s in steps[7:-2]} == {"small", "odd"}
     assert all(s.seconds > 0 for s in steps)  # every step has a time the budget can weigh
     # without xdist, compute-sanitizer and bench/kernel_counts.py: serial, and named as absent
     steps = gpu_check.plan("py", 300, None, skip_bench=False, workers=0, counts=False)

@@ -164,10 +164,10 @@ class CausalSelfAttention(Module):
     query heads. ``bias`` puts biases on all four projections, ``qkv_bias`` on W_Q, W_K and
     W_V only (Qwen2). ``pos`` is the model's position scheme: "rope" rotates q and k here,
     "alibi" biases the scores here; the others are added to the embeddings by the model.
-    ``dropout`` applies to the attention weights (naive path only; ``impl="auto"`` picks it
-    while training with dropout) and to the output (``resid_dropout``). ``window`` W makes it
-    sliding-window attention: each token sees its last W positions, itself included, and
-    its cache rolls. ``rope_scaling``, ``rope_factor`` and ``rope_original_context`` stretch
+    ``dropout`` applies to the attention weights (naive and flash paths; ``impl="auto"`` picks
+    naive while training with dropout) and to the output (``resid_dropout``). ``window`` W
+    makes it sliding-window attention: each token sees its last W positions, itself included,
+    and its cache rolls. ``rope_scaling``, ``rope_factor`` and ``rope_original_context`` stretch
     RoPE (decoder/model/positional.py, ``rope_frequencies``). The settings are checked here
     (``check_attention``), except with ``checked=True``: ``from_config`` passes settings that
     ModelConfig checked when it was made.

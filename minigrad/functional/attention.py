@@ -18,9 +18,12 @@ three implementations of the same function:
 - ``impl="flash"``: one ``Function``, ``FlashAttention``, that calls the tiled FlashAttention-2
   code (the NumPy twin in ``minigrad/kernels/flash_attention.py``, or the CUDA kernel for
   float32 CuPy arrays) and saves only q, k, v, o and the row logsumexp: memory O(T) per row
-  instead of O(T * S). It has no attention dropout. On the GPU its products are float32
-  fmaf by default, and TF32 on the tensor cores where ``set_float32_matmul_precision("high")``
-  lets the matmuls use TF32 too (``flash_attention_cuda.py`` says how to choose directly).
+  instead of O(T * S). Its attention dropout recomputes each tile's mask from one seed, and
+  drops the weights that the naive path's dropout drops on the GPU from the same seed (on
+  NumPy the naive path draws its mask from ``rng`` instead: another mask, as likely). On the
+  GPU its products are float32 fmaf by default, and TF32 on the tensor cores where
+  ``set_float32_matmul_precision("high")`` lets the matmuls use TF32 too
+  (``flash_attention_cuda.py`` says how to choose directly).
 - ``impl="auto"`` (the default) picks one by device and size: ``choose_impl`` says which and
   why.
 
@@ -31,10 +34,10 @@ so each query sees its last W positions, itself included; ALiBi adds -slopes[h] 
 |(S - T + i) - j| to the scaled scores.
 
 Left out on purpose: padding masks and arbitrary attn_mask tensors, a custom scale, gradients
-for the ALiBi slopes (constants), and dropout inside the dense and flash paths.
+for the ALiBi slopes (constants), and dropout inside the dense path.
 Follows Vaswani et al. (2017) for the math, Ainslie et al. (2023) for GQA, Press et al.
 (2022) for ALiBi, Jiang et al. (2023), Mistral 7B, for the sliding window and Dao (2023),
-FlashAttention-2, for the tiled path.
+FlashAttention-2, for the tiled path (Dao et al. (2022), FlashAttention, for its dropout).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import numpy as np
 
 from minigrad.autograd import Context, Function
 from minigrad.backend import fast_paths_enabled, to_numpy, xp_of
-from minigrad.functional.dropout import check_p, dropout
+from minigrad.functional.dropout import check_p, dropout, mask_seed
 from minigrad.functional.inputs import check_floating, check_same_dtype
 from minigrad.functional.rows import dot_last, exp_shifted, widen
 from minigrad.functional.softmax import softmax
@@ -102,7 +105,9 @@ def scaled_dot_product_attention(
     """Multi-head attention of q (B, nh, T, hs) over k, v (B, n_kv, S, hs) -> (B, nh, T, hs).
 
     ``alibi_slopes`` (nh,) adds ALiBi's linear distance penalty; ``dropout_p`` drops
-    attention weights when ``training`` (naive path only; ``rng`` draws the mask).
+    attention weights when ``training`` (naive and flash paths, not dense). ``rng`` (minigrad's
+    global Generator when None) draws the mask: the naive path's on NumPy; on the GPU, and in
+    the flash path everywhere, one seed that the mask is computed from.
     ``window`` W (causal only) lets each query see its last W positions, itself included;
     the flash path then skips the tiles wholly outside the band: O(T * W) work.
     ``block_q`` and ``block_k`` set the tile sizes of the NumPy flash path (None: the twin's
@@ -118,12 +123,14 @@ def scaled_dot_product_attention(
     impl = choose_impl(q, k, impl, dropout_p=dropout_p, training=training, window=window)
     if impl == "naive":
         return naive_attention(q, k, v, causal, slopes, dropout_p, training, rng, window)
-    if training and dropout_p > 0:
-        raise ValueError(
-            f"impl={impl!r} has no attention dropout, but dropout_p={dropout_p} while training: "
-            f"use impl='naive' (or 'auto', which picks it here), or set dropout_p=0"
-        )
+    dropout_p = dropout_p if training else 0.0  # evaluation: no dropout
     if impl == "dense":
+        if dropout_p > 0:
+            raise ValueError(
+                f"impl='dense' has no attention dropout, but dropout_p={dropout_p} while "
+                f"training: use impl='naive' or 'flash' (or 'auto', which picks naive here), or "
+                f"set dropout_p=0"
+            )
         return DenseAttention.apply(q, k, v, causal=causal, alibi_slopes=slopes, window=window)
     if k.shape[2] < q.shape[2]:
         raise ValueError(
@@ -131,9 +138,13 @@ def scaled_dot_product_attention(
             f"S={k.shape[2]}: use impl='naive' for S < T"
         )
     blocks = {name: b for name, b in (("block_q", block_q), ("block_k", block_k)) if b}
+    # subtle: the one draw the naive path's dropout makes on the GPU (none at p = 1, where
+    # nothing is kept), so there both paths drop the same weights and leave rng alike
+    seed = mask_seed(rng) if 0 < dropout_p < 1 else 0
     return FlashAttention.apply(
-        q, k, v, causal=causal, alibi_slopes=slopes, window=window, **blocks
-    )
+        q, k, v, causal=causal, alibi_slopes=slopes, window=window, dropout_p=dropout_p,
+        seed=seed, **blocks,
+    )  # fmt: skip
 
 
 def choose_impl(
@@ -146,9 +157,10 @@ def choose_impl(
 ) -> str:
     """Resolve ``impl="auto"`` to "naive", "dense" or "flash" (any other impl is returned as is).
 
-    Naive, the reference, when attention dropout is active (only the naive path has it) and
-    wherever the fast paths are off (``minigrad.set_fast_paths(False)``), except on a GPU where
-    its score arrays would not fit (then the CUDA kernel). With the fast paths on (the default):
+    Naive, the reference, when attention dropout is active (the flash path has it too, but
+    has not been timed against naive with it on a GPU: issue 26) and wherever the fast paths
+    are off (``minigrad.set_fast_paths(False)``), except on a GPU where its score arrays would
+    not fit (then the CUDA kernel). With the fast paths on (the default):
     - on NumPy: dense below ``FLASH_MIN_T`` queries, flash from there (see the benchmark note
       above ``FLASH_MIN_T``). Dense is the naive path's math in one Function, about 1.4 times
       as fast at B=12, nh=4, T=64, hs=32, and tested equal to it;
@@ -364,6 +376,10 @@ class FlashAttention(Function):
     ALiBi bias is a constant and drops out. dk and dv come out summed over each kv head's
     group of query heads.
 
+    Dropout (``dropout_p`` > 0) multiplies each weight by z_ij, 1 / (1 - p) or 0, the mask of
+    ``seed`` rebuilt in each tile: o_i = sum_j p_ij z_ij v_j, while lse stays the undropped
+    one, and then dv_j = sum_i p_ij z_ij do_i and ds_ij = p_ij (z_ij dp_ij - D_i).
+
     On float32 CuPy arrays with 16 <= hs <= 128 the CUDA kernel runs; otherwise the NumPy
     twin (which also runs on CuPy arrays). ``ctx.backend`` records which.
     """
@@ -379,48 +395,38 @@ class FlashAttention(Function):
         block_q: int | None = None,
         block_k: int | None = None,
         window: int | None = None,
+        dropout_p: float = 0.0,
+        seed: int = 0,
     ) -> Any:
         use_kernel = xp_of(q) is not np and kernel_supports(q, k)
         ctx.scale = score_scale(q.shape[-1])
         blocks = {name: b for name, b in (("block_q", block_q), ("block_k", block_k)) if b}
+        drop = {"dropout_p": dropout_p, "seed": seed}  # the backward rebuilds the same mask
         if use_kernel:
             from minigrad.kernels.flash_attention_cuda import flash_attention_forward_cuda
 
             o, lse = flash_attention_forward_cuda(
-                q, k, v, causal, alibi_slopes, ctx.scale, window=window
+                q, k, v, causal, alibi_slopes, ctx.scale, window=window, **drop
             )
         else:
             o, lse = flash_attention_forward(
-                q, k, v, causal, alibi_slopes, ctx.scale, window=window, **blocks
+                q, k, v, causal, alibi_slopes, ctx.scale, window=window, **drop, **blocks
             )
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.alibi_slopes, ctx.blocks = causal, alibi_slopes, blocks
-        ctx.window = window
+        ctx.window, ctx.drop = window, drop
         ctx.backend = "cuda" if use_kernel else "twin"
         return o
 
     @staticmethod
     def backward(ctx: Context, grad_out: Any) -> tuple[Any, Any, Any]:
         q, k, v, o, lse = ctx.saved
+        args = (q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, ctx.scale)
         if ctx.backend == "cuda":
             from minigrad.kernels.flash_attention_cuda import flash_attention_backward_cuda
 
-            return flash_attention_backward_cuda(
-                q, k, v, o, lse, grad_out, ctx.causal, ctx.alibi_slopes, ctx.scale, ctx.window
-            )
-        return flash_attention_backward(
-            q,
-            k,
-            v,
-            o,
-            lse,
-            grad_out,
-            ctx.causal,
-            ctx.alibi_slopes,
-            ctx.scale,
-            window=ctx.window,
-            **ctx.blocks,
-        )
+            return flash_attention_backward_cuda(*args, window=ctx.window, **ctx.drop)
+        return flash_attention_backward(*args, window=ctx.window, **ctx.drop, **ctx.blocks)
 
 
 def score_scale(hs: int) -> float:

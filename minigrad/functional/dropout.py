@@ -72,6 +72,19 @@ def check_p(p: float, op: str = "dropout", name: str = "p") -> None:
         )
 
 
+def mask_seed(rng: np.random.Generator | None = None) -> int:
+    """The seed of one device mask: one draw of a 63-bit integer from ``rng`` (minigrad's
+    global Generator when None). Every device mask takes exactly this one draw (dropout's, and
+    flash attention's, which drops the weights the naive path's dropout drops from one seed),
+    so the host stream advances alike whichever path runs.
+
+    >>> mask_seed(np.random.default_rng(0))
+    5874934615388537135
+    """
+    rng = rng if rng is not None else creation.default_rng()
+    return int(rng.integers(2**63))
+
+
 def keep_mask(shape: tuple[int, ...], p: float, rng: np.random.Generator, like: Any) -> Any:
     """A boolean array of ``shape`` on ``like``'s device, each element True with probability 1 - p.
 
@@ -82,7 +95,7 @@ def keep_mask(shape: tuple[int, ...], p: float, rng: np.random.Generator, like: 
     if xp is np:
         # float32 draws are twice as fast as float64 and their 2^-24 grid is fine for p
         return rng.random(shape, dtype=np.float32) >= p
-    seed = int(rng.integers(2**63))  # one host draw per call keeps the stream reproducible
+    seed = mask_seed(rng)  # one host draw per call keeps the stream reproducible
     keep = xp.empty(shape, dtype=bool)
     mask_kernel = elementwise_kernel(xp, *fused.MASK)
     mask_kernel(np.uint64(seed), np.float32(p), keep)  # counter_uniform(...) >= p, one kernel
@@ -91,10 +104,8 @@ def keep_mask(shape: tuple[int, ...], p: float, rng: np.random.Generator, like: 
 
 def counter_uniform(seed: int, shape: tuple[int, ...], xp: Any = np) -> Any:
     """float32 uniforms in [0, 1) of ``shape``: element i (row-major) is the top 24 bits of
-    splitmix64's output for counter seed + (i + 1) * step, a pure function of (seed, i).
-
-    The arithmetic is on uint64 and wraps modulo 2^64, as the C original does; the 24 bits
-    fill float32's significand exactly, so every value is a multiple of 2^-24 below 1.
+    splitmix64's output for counter seed + (i + 1) * step, a pure function of (seed, i)
+    (``fused.uniform_at`` of the flat indices: the device mask's uniforms, on the host).
 
     >>> u = counter_uniform(7, (2, 3))
     >>> u.dtype, u.shape, bool((0 <= u).all() and (u < 1).all())
@@ -103,12 +114,7 @@ def counter_uniform(seed: int, shape: tuple[int, ...], xp: Any = np) -> Any:
     True
     """
     n = int(np.prod(shape, dtype=np.int64))
-    u64 = np.uint64
-    z = xp.arange(1, n + 1, dtype=u64) * u64(fused.STEP) + u64(seed)
-    z = (z ^ (z >> u64(30))) * u64(fused.MIX1)
-    z = (z ^ (z >> u64(27))) * u64(fused.MIX2)
-    z = z ^ (z >> u64(31))
-    return ((z >> u64(40)).astype(np.float32) * np.float32(2.0**-24)).reshape(shape)
+    return fused.uniform_at(seed, xp.arange(n, dtype=np.int64).reshape(shape))
 
 
 def dropout(
@@ -133,7 +139,7 @@ def dropout(
         return Dropout.apply(x, mask=xp_of(x.data).zeros(x.shape, dtype=x.dtype))
     rng = rng if rng is not None else creation.default_rng()
     if use_fused(x.data) and fused.fusable(x.data):  # the draw keep_mask makes: the same mask
-        return Dropout.apply(x, seed=int(rng.integers(2**63)), p=p)
+        return Dropout.apply(x, seed=mask_seed(rng), p=p)
     mask = keep_mask(x.shape, p, rng, x.data)
     scale = x.dtype.type(1.0 / (1.0 - p))  # in x's dtype, so a float32 x stays float32
     return Dropout.apply(x, mask=mask * scale)  # the bool mask times a scalar: 0 or 1/(1-p)

@@ -12,14 +12,21 @@ aligned to the end, as with a KV cache: query i sees keys j <= (S - T) + i. A sl
 window W (Mistral) hides the keys further back too: query i then sees (S - T) + i - W < j, W
 keys at most, itself included. ALiBi adds -slopes[h] * |(S - T + i) - j| to the scaled scores.
 
-Leaves out: dropout on the probabilities, padding masks other than causal, a gradient for the
-ALiBi slopes (they are constants), and any autograd wiring (the `Function` that calls these
-lives with the other attention entry points). Every array is a raw `xp` array; the code runs
-unchanged on CuPy arrays, which is how the CUDA kernel's twin is checked on a GPU.
+Dropout on the probabilities (training): with Z = keep / (1 - p), the output is
+O = (P * Z) V, while the row sum l, and so lse, stay those of the undropped P. The backward
+takes dV = (P * Z)^T dO and dS = P * (Z * dP - D). No mask is stored: each tile recomputes
+its Z from (seed, the weight's index in the whole (B, nh, T, S) array), by the hash that the
+naive path's dropout uses on the GPU (kernels/fused.py), so both paths drop the same weights.
+
+Leaves out: padding masks other than causal, a gradient for the ALiBi slopes (they are
+constants), and any autograd wiring (the `Function` that calls these lives with the other
+attention entry points). Every array is a raw `xp` array; the code runs unchanged on CuPy
+arrays, which is how the CUDA kernel's twin is checked on a GPU.
 
 Follows Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
 Partitioning" (2023), Algorithms 1 and 2, and Milakov & Gimelshein, "Online normalizer
-calculation for softmax" (2018) for the running max and sum.
+calculation for softmax" (2018) for the running max and sum; the dropout is FlashAttention's
+(Dao et al. 2022, Algorithms 2 and 4).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from minigrad.backend import xp_of
+from minigrad.kernels.fused import uniform_at
 
 Array = Any  # a numpy.ndarray or a cupy.ndarray; the twin never needs to tell them apart
 
@@ -51,6 +59,49 @@ def _check_shapes(q: Array, k: Array, v: Array, alibi_slopes: Array | None) -> N
         raise ValueError(f"need at least as many keys as queries (S >= T); got S={S}, T={T}")
     if alibi_slopes is not None and alibi_slopes.shape != (nh,):
         raise ValueError(f"alibi_slopes must have shape (nh,) = ({nh},); got {alibi_slopes.shape}")
+
+
+def _check_dropout(dropout_p: float) -> None:
+    """Raise ValueError unless ``dropout_p`` is a probability to drop, in [0, 1]."""
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1] (the probability to drop); got {dropout_p}")
+
+
+def _tile_dropout(
+    xp: ModuleType,
+    shape: tuple[int, ...],
+    q0: int,
+    k0: int,
+    T: int,
+    S: int,
+    dropout_p: float,
+    seed: int,
+    dtype: Any,
+) -> Array:
+    """Z of one tile of ``shape`` (B, n_kv, g, bq, bk): 1 / (1 - p) where a weight is kept, 0
+    where it is dropped, for queries q0 .. q0 + bq - 1 and keys k0 .. k0 + bk - 1.
+
+    The weight of (b, head h, query i, key j) is element n = ((b nh + h) T + i) S + j of the
+    (B, nh, T, S) weights, and it is kept iff uniform_at(seed, n) >= p: the mask of the whole
+    array, whatever the tiles. One head, T = S = 2, p = 0.5: the whole, then the tile of its
+    last query and key alone, which finds the same factor there:
+
+    >>> f32 = np.dtype(np.float32)
+    >>> _tile_dropout(np, (1, 1, 1, 2, 2), 0, 0, 2, 2, 0.5, 7, f32)[0, 0, 0].tolist()
+    [[0.0, 0.0], [2.0, 2.0]]
+    >>> _tile_dropout(np, (1, 1, 1, 1, 1), 1, 1, 2, 2, 0.5, 7, f32)[0, 0, 0].tolist()
+    [[2.0]]
+    """
+    B, n_kv, group, bq, bk = shape
+    # head h = kv_head * group + g, so (b, kv_head, g) numbers the (b, h) pairs in order
+    heads = xp.arange(B * n_kv * group, dtype=np.int64).reshape(B, n_kv, group, 1, 1)
+    i = q0 + xp.arange(bq, dtype=np.int64)[:, None]  # (bq, 1)
+    j = k0 + xp.arange(bk, dtype=np.int64)  # (bk,)
+    n = (heads * T + i) * S + j  # (B, n_kv, g, bq, bk) flat indices in (B, nh, T, S)
+    z = (uniform_at(seed, n) >= np.float32(dropout_p)).astype(dtype)  # as minigrad_keep
+    # subtle: p = 1 keeps nothing, and 1 / (1 - p) would be inf, and 0 * inf NaN
+    z *= dtype.type(1.0 / (1.0 - dropout_p)) if dropout_p < 1.0 else dtype.type(0.0)
+    return z
 
 
 def _tile_scores(
@@ -115,6 +166,8 @@ def flash_attention_forward(
     block_q: int = 128,
     block_k: int = 256,
     window: int | None = None,
+    dropout_p: float = 0.0,
+    seed: int = 0,
 ) -> tuple[Array, Array]:
     """Attention output and per-row logsumexp, one tile of scores at a time.
 
@@ -134,10 +187,14 @@ def flash_attention_forward(
     block_q and block_k are NumPy-tuned defaults (the CUDA kernel uses its own, much smaller
     tiles); any positive sizes give the same answer.
 
+    ``dropout_p`` > 0 drops the weights by the mask of ``seed`` (module docstring): p @ V_tile
+    becomes (p * Z) @ V_tile, while l still sums the undropped p.
+
     Returns o (B, nh, T, hs) and lse (B, nh, T), both in q's dtype.
     """
     xp = xp_of(q)
     _check_shapes(q, k, v, alibi_slopes)
+    _check_dropout(dropout_p)
     B, nh, T, hs = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     group = nh // n_kv
@@ -174,6 +231,8 @@ def flash_attention_forward(
             p = xp.exp(s - m_safe[..., None])  # (B, n_kv, g, bq, bk)
             alpha = xp.exp(m - m_safe)  # (B, n_kv, g, bq) rescales what came before
             l = alpha * l + p.sum(axis=-1)
+            if dropout_p:  # dropout after the sum: lse stays the undropped softmax's
+                p = p * _tile_dropout(xp, p.shape, q0, k0, T, S, dropout_p, seed, dtype)
             bq, bk = p.shape[-2:]
             # The group's rows share one V tile: (g*bq, bk) @ (bk, hs) per kv head.
             pv = p.reshape(B, n_kv, group * bq, bk) @ v[:, :, k0:k1]  # -> (B, n_kv, g*bq, hs)
@@ -199,6 +258,8 @@ def flash_attention_backward(
     block_q: int = 128,
     block_k: int = 256,
     window: int | None = None,
+    dropout_p: float = 0.0,
+    seed: int = 0,
 ) -> tuple[Array, Array, Array]:
     """Gradients of the attention output with respect to q, k and v, tile by tile.
 
@@ -217,10 +278,16 @@ def flash_attention_backward(
     Causal query tiles that lie entirely before a key tile (every score masked) are skipped,
     and with a sliding ``window`` so are those entirely past its reach.
 
+    With dropout (``dropout_p`` and ``seed`` those of the forward that made o), O = (P * Z) V:
+    dV = (P * Z)^T dO, and P reaches O only through P * Z, so the softmax Jacobian is applied
+    to Z * dP: dS = P * (Z * dP - D), with D_i = sum_j P_ij Z_ij dP_ij = rowsum(dO * O)_i as
+    before.
+
     Returns dq (B, nh, T, hs), dk and dv (B, n_kv, S, hs), in q's dtype.
     """
     xp = xp_of(q)
     _check_shapes(q, k, v, alibi_slopes)
+    _check_dropout(dropout_p)
     B, nh, T, hs = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     group = nh // n_kv
@@ -253,12 +320,18 @@ def flash_attention_backward(
             q_tile = qg[:, :, :, q0:q1]  # (B, n_kv, g, bq, hs)
             s = _tile_scores(xp, q_tile, k_tile, q0, k0, offset, scale, causal, slopes, window)
             p = xp.exp(s - lse_safe[:, :, :, q0:q1, None])  # (B, n_kv, g, bq, bk)
-            p_rows = p.reshape(B, n_kv, group * bq, bk)  # -> (B, n_kv, g*bq, bk)
+            pz = p  # the weights O was made of: P, or P * Z with dropout
+            if dropout_p:
+                z = _tile_dropout(xp, p.shape, q0, k0, T, S, dropout_p, seed, dtype)
+                pz = p * z
+            pz_rows = pz.reshape(B, n_kv, group * bq, bk)  # -> (B, n_kv, g*bq, bk)
             # Stack the group's rows so the products below sum over the group for dK, dV.
             do_rows = dog[:, :, :, q0:q1].reshape(B, n_kv, group * bq, hs)  # -> (.., g*bq, hs)
             q_rows = q_tile.reshape(B, n_kv, group * bq, hs)  # -> (B, n_kv, g*bq, hs)
-            dv[:, :, k0:k1] += p_rows.swapaxes(-1, -2) @ do_rows  # (bk, g*bq) @ (g*bq, hs)
+            dv[:, :, k0:k1] += pz_rows.swapaxes(-1, -2) @ do_rows  # (bk, g*bq) @ (g*bq, hs)
             dp = do_rows @ v_tile.swapaxes(-1, -2)  # (g*bq, hs) @ (hs, bk) -> (B, n_kv, g*bq, bk)
+            if dropout_p:
+                dp = dp * z.reshape(dp.shape)  # dL/d(P Z) times Z: the gradient reaching P
             ds = p * (dp.reshape(p.shape) - D[:, :, :, q0:q1, None])  # (B, n_kv, g, bq, bk)
             ds_rows = ds.reshape(B, n_kv, group * bq, bk)  # -> (B, n_kv, g*bq, bk)
             dq_rows = ds_rows @ k_tile  # (g*bq, bk) @ (bk, hs) -> (B, n_kv, g*bq, hs)

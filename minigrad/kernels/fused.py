@@ -166,6 +166,33 @@ def dropout(x: Any, seed: int, p: float, scale: Any) -> Any:
     return _launch(_DROPOUT, x, x, np.uint64(seed), np.float32(p), scale)
 
 
+def uniform_at(seed: int, index: Any) -> Any:
+    """float32 uniforms in [0, 1), one for each flat element number i in ``index`` (an integer
+    NumPy or CuPy array of any shape, values >= 0): the u that ``minigrad_keep`` (KEEP) draws
+    for element i, bit for bit, which keeps the element iff u >= float32(p).
+
+    The arithmetic is on uint64 and wraps modulo 2^64, as the C does; the top 24 bits fill
+    float32's significand exactly, so every value is a multiple of 2^-24 below 1. Taking the
+    indices, not a shape, lets a tile of a larger array (flash attention's probability tiles)
+    draw the same uniforms as the whole array would.
+
+    >>> u = uniform_at(7, np.arange(6).reshape(2, 3))
+    >>> u.dtype, u.shape, bool((0 <= u).all() and (u < 1).all())
+    (dtype('float32'), (2, 3), True)
+    >>> bool((uniform_at(7, np.array([4, 0])) == u.reshape(-1)[[4, 0]]).all())  # per index
+    True
+    """
+    u64 = np.uint64
+    # subtle: flat, so that a 0-d index stays an array: NumPy's uint64 scalars warn on the
+    # wrap-around that the hash relies on, arrays do not
+    z = (index.reshape(-1).astype(u64) + u64(1)) * u64(STEP) + u64(seed)
+    z = (z ^ (z >> u64(30))) * u64(MIX1)
+    z = (z ^ (z >> u64(27))) * u64(MIX2)
+    z = z ^ (z >> u64(31))
+    u = (z >> u64(40)).astype(np.float32) * np.float32(2.0**-24)  # 24 bits times 2^-24
+    return u.reshape(index.shape)
+
+
 # ---- softmax's backward: dL/dx = y (g - sum(g y)) -----------------------------------------------
 _SOFTMAX_BACKWARD = ("T g, T y, T gy_sum", "T dx", "dx = (g - gy_sum) * y",
                      "minigrad_softmax_backward")  # fmt: skip

@@ -242,7 +242,8 @@ def test_auto_picks_dense_below_the_threshold_and_flash_from_it_on(rng, fast_pat
         assert out._ctx.fn is FUNCTIONS[impl]
     # S < T (no mask) is outside the tiled code: auto stays dense
     assert choose_impl(mg.zeros(1, 1, FLASH_MIN_T, 4), mg.zeros(1, 1, 3, 4)) == "dense"
-    # attention dropout while training: only the naive path has it, at every T
+    # attention dropout while training: naive at every T (flash has it too, not yet timed
+    # against naive on a GPU: issue 26)
     for T, impl in ((8, "dense"), (FLASH_MIN_T, "flash")):
         q = mg.zeros(1, 1, T, 4)
         assert choose_impl(q, q, dropout_p=0.1, training=True) == "naive"
@@ -304,13 +305,15 @@ def test_dropout_only_while_training(rng):
     np.testing.assert_array_equal(dropped(1), dropped(1))  # the mask comes from the rng
 
 
-@pytest.mark.parametrize("impl", ["dense", "flash"])
-def test_dense_and_flash_refuse_dropout_while_training(impl):
+def test_dense_refuses_dropout_while_training_and_flash_takes_it():
     q = mg.tensor(np.zeros((1, 2, 4, 8)), requires_grad=True)
-    with pytest.raises(ValueError, match=f"impl='{impl}' has no attention dropout.*impl='naive'"):
-        sdpa(q, q, q, dropout_p=0.1, training=True, impl=impl)
-    out = sdpa(q, q, q, dropout_p=0.1, training=False, impl=impl)  # eval: no dropout, fine
-    assert out._ctx.fn is FUNCTIONS[impl]
+    with pytest.raises(ValueError, match="impl='dense' has no attention dropout.*impl='naive'"):
+        sdpa(q, q, q, dropout_p=0.1, training=True, impl="dense")
+    out = sdpa(q, q, q, dropout_p=0.1, training=False, impl="dense")  # eval: no dropout, fine
+    assert out._ctx.fn is DenseAttention
+    # the flash path drops (test_flash_dropout.py holds it to the naive path's dropout)
+    out = sdpa(q, q, q, dropout_p=0.1, training=True, impl="flash")
+    assert out._ctx.fn is FlashAttention
 
 
 # ---- errors ----------------------------------------------------------------------------------

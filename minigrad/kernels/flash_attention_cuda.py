@@ -197,17 +197,22 @@ def launch_plan(kernel: str, hs: int, attributes: dict) -> tuple[int, int]:
 
 
 def _launch(
-    name: str, n_rows: int, batch_heads: int, args: tuple, hs: int, passes: int | None = None
+    name: str,
+    n_rows: int,
+    batch_heads: int,
+    args: tuple,
+    hs: int,
+    passes: int | None = None,
+    dropout: bool = False,
 ) -> None:
     """Launch a tiled kernel over (tiles of n_rows, batch_heads) blocks, with the tile and
     shared memory of `launch_plan`, opting in above the 48 KB default: the fmaf kernel
-    `name`, or with `passes` its tensor-core twin (flash_attn_* -> flash_mma_*); the dropout
-    build where the arguments' dropout_p (third from the end) is above 0."""
+    `name`, or with `passes` its tensor-core twin (flash_attn_* -> flash_mma_*); with
+    `dropout`, from the module built with attention dropout."""
     _, raw_module, attributes = _runtime(args[0])
     if passes is not None:
         name = name.replace("flash_attn_", "flash_mma_")
     tile, smem = launch_plan(name, hs, attributes)
-    dropout = bool(args[-3] > 0)
     kernel = _module(raw_module, tile, hs, passes, dropout).get_function(name)
     if smem > attributes["MaxSharedMemoryPerBlock"]:  # 48 KB without opting in
         # The attribute belongs to the kernel on the current device; setting it is cheap.
@@ -360,7 +365,8 @@ def flash_attention_forward_cuda(
     o = xp.empty_like(q)
     lse = xp.empty((B, nh, T), dtype=xp.float32)
     args = (q, k, v, slopes, o, lse, *_scalars(q, k, causal, scale, window, dropout_p, seed))
-    _launch("flash_attn_fwd", T, B * nh, args, hs, passes)  # blocks: (query tiles, b*nh + h)
+    # blocks: (query tiles, b * nh + h)
+    _launch("flash_attn_fwd", T, B * nh, args, hs, passes, dropout=dropout_p > 0)
     return o, lse
 
 
@@ -416,7 +422,8 @@ def flash_attention_backward_cuda(
     dk = xp.empty_like(k)
     dv = xp.empty_like(v)
     args_kv = (q, k, v, slopes, grad_o, lse, D, dk, dv, *scalars)
-    _launch("flash_attn_bwd_dkdv", k.shape[2], B * n_kv, args_kv, hs, passes)  # key tiles
+    dropout = dropout_p > 0
+    _launch("flash_attn_bwd_dkdv", k.shape[2], B * n_kv, args_kv, hs, passes, dropout)  # key tiles
     args_q = (q, k, v, slopes, grad_o, lse, D, dq, *scalars)
-    _launch("flash_attn_bwd_dq", T, B * nh, args_q, hs, passes)  # (query tiles, b * nh + h)
+    _launch("flash_attn_bwd_dq", T, B * nh, args_q, hs, passes, dropout)  # (query tiles, b*nh+h)
     return dq, dk, dv

@@ -132,7 +132,8 @@ def test_kernels_with_dropout_match_the_reference(case, tensor_cores):
     plain = run(np, q, k, v, grad_o, tensor_cores, causal=causal, alibi_slopes=slopes,
                 window=window)  # fmt: skip
     assert worst_error(plain, want)[0] > 10 * TOLS[tensor_cores]
-    np.testing.assert_array_equal(plain["lse"], got["lse"])  # lse is dropout's-free
+    # lse is dropout's-free (the same arithmetic, in another build of the kernels)
+    np.testing.assert_allclose(got["lse"], plain["lse"], rtol=1e-6, atol=1e-6)
 
 
 def test_the_dropout_build_is_used_only_for_dropout():

@@ -13,7 +13,9 @@ going on after a failure:
    --kernel-split), the GPU half of bench/attention.py (--device cuda --skip-kv at ATTENTION_T,
    the same kernels beside the naive CuPy path and torch SDPA), the counts of bench/kernel_counts.py
    (--no-emulate; a note in the report where the script is absent), a short
-   bench/train_vs_torch.py --device cuda (baby-gpt), nanoGPT's own train.py on the same
+   bench/train_vs_torch.py --device cuda (baby-gpt), one step's phases timed apart at
+   baby-gpt's widths and at tiny ones, the host's floor (bench/gpu_step_counts.py --time
+   cuda), nanoGPT's own train.py on the same
    GPU where a prepared checkout was carried along (bench/nanogpt_peer.py), and ours again in
    a third of the steps with attention and its dropout in the flash kernel (--attn-impl=flash);
 3. compute-sanitizer's memcheck, racecheck and synccheck on the flash-attention kernels (every
@@ -283,6 +285,20 @@ def parse_counts(output: str) -> tuple[bool, str]:
     return True, f"{len(output.strip().splitlines())} lines, in full under Kernel counts"
 
 
+def parse_step_times(output: str) -> tuple[bool, str]:
+    """(passed, summary) of `bench/gpu_step_counts.py --time cuda`: the step's ms at the small
+    widths (the host's floor) and at the preset's, and the floor's share of the step."""
+    steps = re.findall(r"^n_embd (\d+), .* ([\d.]+)$", output, re.M)
+    share = re.search(r"^host floor / step: ([\d.]+)", output, re.M)
+    if len(steps) != 2 or share is None:
+        return False, "no timing table in the output"
+    (small, floor), (wide, real) = steps
+    return True, (
+        f"step {float(real):.1f} ms at n_embd {wide}; host floor {float(floor):.1f} ms "
+        f"(n_embd {small}), {float(share.group(1)):.2f} of the step"
+    )
+
+
 PARSERS = {
     "tests": parse_pytest,
     "split": parse_split,
@@ -293,6 +309,7 @@ PARSERS = {
     "attention": parse_attention,
     "train": parse_train,
     "peer": parse_peer,
+    "step": parse_step_times,
 }
 
 
@@ -377,6 +394,10 @@ def plan(
         train = [python, str(ROOT / "bench" / "train_vs_torch.py"), "--device", "cuda"]
         train += ["--iters", str(iters), "--quiet"]
         steps.append(Step(f"bench/train_vs_torch.py baby-gpt, {iters} steps", train, "train", 90))
+        # where one step's time goes (forward, backward, optimiser) and how much of it is the
+        # host's: what decides the next fusion (issue 26); a guess of 20 s
+        phases = [python, str(ROOT / "bench" / "gpu_step_counts.py"), "--time", "cuda"]
+        steps.append(Step("one step's phases and the host's floor", phases, "step", 20))
         peer = [python, str(ROOT / "bench" / "nanogpt_peer.py"), "--iters", str(iters)]
         missing = "" if (PEER_DIR / "data" / "shakespeare_char" / "train.bin").exists() else (
             f"no prepared nanoGPT checkout in {PEER_DIR.relative_to(ROOT)}: see "

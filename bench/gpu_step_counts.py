@@ -15,6 +15,15 @@ any arithmetic (the H200 ran baby-gpt at 77-80 ms a step, nanoGPT at 14; issue 2
 that step (each launch charged to the innermost such line and the one that called it): where
 the next fusion pays.
 
+``--time cpu|cuda`` times real steps instead, each phase apart (the device synchronised at its
+end), at two widths: the small ones above, where the device has almost nothing to do and the
+step's time is its host side (Python, the graph, one call per kernel), and the preset's own.
+Their ratio says what to make faster next: near 1, the step waits on the host (fewer launches,
+less Python); near 0, on the device (fused kernels, less memory traffic). `make gpu-check` runs
+it on the GPU; on a CPU the small row is minigrad's bookkeeping plus NumPy's tiny-array calls.
+
+    python bench/gpu_step_counts.py --time cuda [--widths small,preset] [--steps 10]
+
 What the stand-in counts as one launch: each operator, CuPy function, reduction, copy and
 ``add.at`` on device arrays, each RawKernel call and each random draw; views (reshapes,
 transposes, basic slices) and ``empty`` count none, as on CuPy.
@@ -24,9 +33,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import importlib.util
+import itertools
+import statistics
 import sys
+import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +92,55 @@ def count_sites(cupy: Any, sites: collections.Counter, on: list[bool]) -> None:
     cupy._launched = counted
 
 
+@contextlib.contextmanager
+def phase_marks(mark: Callable[[str], None]) -> Iterator[Callable]:
+    """Call ``mark("forward")`` when a step's loss is made and ``mark("backward")`` when its
+    clipping norm starts (the backward pass is done then); yields the loss function that
+    train_step must be given for the first. The optimiser phase ends with train_step."""
+    import decoder.training.step as step_module
+
+    def forward(m, x, y):
+        loss = step_module.lm_loss(m, x, y)
+        mark("forward")
+        return loss
+
+    real_norm = step_module.grad_norm
+
+    def norm(params):  # the optimiser phase starts with clipping's norm
+        mark("backward")
+        return real_norm(params)
+
+    step_module.grad_norm = norm
+    try:
+        yield forward
+    finally:
+        step_module.grad_norm = real_norm
+
+
+def build(preset: str, overrides: dict[str, str] | None, device: str, **extra: Any):
+    """(model in training mode, its optimiser, model config, train config) for ``preset`` with
+    ``overrides`` (text, as --set) and ``extra`` (typed) on ``device``."""
+    from decoder.model.model import Decoder
+    from decoder.training.config import build_configs
+    from decoder.training.run import make_optimizer
+
+    model_cfg, train_cfg = build_configs(preset, overrides, **{**extra, "device": device})
+    model = Decoder(model_cfg).to(device)
+    model.train()
+    return model, make_optimizer(model, train_cfg), model_cfg, train_cfg
+
+
+def run_steps(model, optimizer, model_cfg, train_cfg, steps: int, loss_fn, before_step) -> None:
+    """``steps`` training steps on random batches, ``before_step(step)`` ahead of each."""
+    from decoder.training.step import train_step
+
+    rng = np.random.default_rng(0)
+    for step in range(1, steps + 1):
+        x = rng.integers(0, model_cfg.vocab_size, (train_cfg.batch_size, model_cfg.block_size))
+        before_step(step)
+        train_step(model, optimizer, x, np.roll(x, -1, axis=1), train_cfg, step, loss_fn=loss_fn)
+
+
 def step_counts(
     preset: str = "baby-gpt",
     steps: int = 2,
@@ -94,43 +157,17 @@ def step_counts(
     last_step = [False]
     if sites is not None:
         count_sites(cupy, sites, last_step)
-    import decoder.training.step as step_module
-    from decoder.model.model import Decoder
-    from decoder.training.config import build_configs
-    from decoder.training.run import make_optimizer
-    from decoder.training.step import lm_loss, train_step
-
     small = {k: v for k, v in SMALL.items() if k not in (overrides or {})}
-    model_cfg, train_cfg = build_configs(preset, overrides, **{**small, **extra, "device": "cuda"})
-    model = Decoder(model_cfg).to("cuda")
-    model.train()
-    optimizer = make_optimizer(model, train_cfg)
+    model, optimizer, model_cfg, train_cfg = build(preset, overrides, "cuda", **small, **extra)
     marks: dict[str, dict[str, int]] = {}
 
-    def forward(m, x, y):
-        loss = lm_loss(m, x, y)
-        marks["forward"] = snapshot(cupy)
-        return loss
+    def start(step: int) -> None:
+        marks["start"] = snapshot(cupy)
+        last_step[0] = step == steps
 
-    real_norm = step_module.grad_norm
-
-    def norm(params):  # the optimiser phase starts with clipping's norm
-        marks["backward"] = snapshot(cupy)
-        return real_norm(params)
-
-    step_module.grad_norm = norm
-    try:
-        rng = np.random.default_rng(0)
-        for step in range(1, steps + 1):
-            x = rng.integers(0, model_cfg.vocab_size, (train_cfg.batch_size, model_cfg.block_size))
-            marks["start"] = snapshot(cupy)
-            last_step[0] = step == steps
-            train_step(
-                model, optimizer, x, np.roll(x, -1, axis=1), train_cfg, step, loss_fn=forward
-            )
-            marks["optimiser"] = snapshot(cupy)
-    finally:
-        step_module.grad_norm = real_norm
+    with phase_marks(lambda phase: marks.__setitem__(phase, snapshot(cupy))) as loss_fn:
+        run_steps(model, optimizer, model_cfg, train_cfg, steps, loss_fn, start)
+    marks["optimiser"] = snapshot(cupy)
     phases, before = {}, marks["start"]
     for phase in ("forward", "backward", "optimiser"):
         phases[phase] = {k: marks[phase][k] - before[k] for k in before}
@@ -138,6 +175,60 @@ def step_counts(
     phases["step"] = {k: marks["optimiser"][k] - marks["start"][k] for k in before}
     phases["config"] = {"model": model_cfg, "train": train_cfg}
     return phases
+
+
+def step_times(
+    device: str,
+    preset: str = "baby-gpt",
+    small: bool = True,
+    steps: int = 10,
+    warmup: int = 3,
+    overrides: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Milliseconds per phase of a real training step on ``device`` ("cpu" or "cuda"), the
+    median over ``steps`` steps after ``warmup``, the device synchronised at each phase's end
+    (the step reads the loss and the clipping norm anyway, so the marks add little).
+
+    ``small``: at SMALL's widths, where the arrays are so small that the device has almost
+    nothing to do: the step's time is then its host side (Python, the graph, one call per
+    kernel), the floor under any step of this depth on that host. Without it, at the preset's
+    own widths: the real step. Their ratio says whether the step waits on the host or on the
+    device. The run's matmul_precision applies, as in a training run."""
+    import minigrad as mg
+
+    widths = {k: v for k, v in SMALL.items() if k not in (overrides or {})} if small else {}
+    model, optimizer, model_cfg, train_cfg = build(preset, overrides, device, **widths)
+    if device == "cuda":
+        import cupy
+
+        sync = cupy.cuda.Device().synchronize
+    else:
+        sync = lambda: None  # noqa: E731 (NumPy has finished when it returns)
+    times: list[dict[str, float]] = []
+
+    def mark(phase: str) -> None:
+        sync()
+        times[-1][phase] = time.perf_counter()
+
+    def start(step: int) -> None:
+        if times:
+            mark("optimiser")  # the step before has ended
+        times.append({"start": time.perf_counter()})
+
+    previous = mg.get_float32_matmul_precision()
+    mg.set_float32_matmul_precision(train_cfg.matmul_precision)
+    try:
+        with phase_marks(mark) as loss_fn:
+            run_steps(model, optimizer, model_cfg, train_cfg, warmup + steps, loss_fn, start)
+            mark("optimiser")
+    finally:
+        mg.set_float32_matmul_precision(previous)
+    result: dict[str, Any] = {"config": {"model": model_cfg, "train": train_cfg}}
+    ends = ("start", "forward", "backward", "optimiser")
+    for before, phase in itertools.pairwise(ends):
+        result[phase] = 1e3 * statistics.median(t[phase] - t[before] for t in times[warmup:])
+    result["step"] = 1e3 * statistics.median(t["optimiser"] - t["start"] for t in times[warmup:])
+    return result
 
 
 def report(phases: dict[str, dict]) -> str:
@@ -158,16 +249,65 @@ def report(phases: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def time_report(device: str, rows: list[dict[str, Any]]) -> str:
+    """The table of ``step_times`` results, one row per width; with both widths, the share of
+    the real step that the host's floor is."""
+    first = rows[0]["config"]
+    lines = [
+        f"one step on {device}, ms per phase (median, synchronised): "
+        f"{first['model'].n_layer} layers, {first['model'].n_head} heads, "
+        f"matmul_precision {first['train'].matmul_precision}",
+        f"{'widths':34s}{'forward':>9s}{'backward':>10s}{'optimiser':>11s}{'step':>9s}",
+    ]
+    for row in rows:
+        m, t = row["config"]["model"], row["config"]["train"]
+        widths = f"n_embd {m.n_embd}, block {m.block_size}, batch {t.batch_size}"
+        lines.append(
+            f"{widths:34s}{row['forward']:9.2f}{row['backward']:10.2f}{row['optimiser']:11.2f}"
+            f"{row['step']:9.2f}"
+        )
+    if len(rows) == 2:
+        floor, real = rows[0]["step"], rows[1]["step"]
+        lines.append(
+            f"host floor / step: {floor / real:.2f} (near 1, waiting on the host; near 0, "
+            f"on the device)"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="baby-gpt")
-    p.add_argument("--steps", type=int, default=2, help="count the last of these steps")
+    p.add_argument(
+        "--steps", type=int, help="count the last of these steps (2), or time this many (10)"
+    )
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--sites", type=int, default=0, metavar="N", help="the N busiest lines")
+    p.add_argument(
+        "--time",
+        choices=("cpu", "cuda"),
+        help="time real steps on this device instead of counting on the stand-in",
+    )
+    p.add_argument(
+        "--widths",
+        default="small,preset",
+        help="with --time: small (the host's floor), preset (the real step) or both",
+    )
     args = p.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
+    if args.time:
+        chosen = args.widths.split(",")
+        if not chosen or set(chosen) - {"small", "preset"}:
+            p.error(f"--widths takes small, preset or small,preset, not {args.widths!r}")
+        rows = [
+            step_times(args.time, args.preset, small=w == "small", steps=args.steps or 10,
+                       overrides=overrides)
+            for w in ("small", "preset") if w in chosen
+        ]  # fmt: skip
+        print(time_report(args.time, rows))
+        return
     sites: collections.Counter = collections.Counter()
-    print(report(step_counts(args.preset, args.steps, overrides, sites=sites)))
+    print(report(step_counts(args.preset, args.steps or 2, overrides, sites=sites)))
     if args.sites:
         print(f"\nthe {args.sites} lines that launch the most kernels in that step:")
         for where, n in sites.most_common(args.sites):

@@ -47,3 +47,42 @@ def test_the_sites_add_up_to_the_step_s_launches_and_the_plain_form_launches_mor
     fast_paths(False)
     plain = gpu_step_counts.step_counts(cupy=fake_cupy)["step"]["kernel_launches"]
     assert plain > fused + 200  # LayerNorm, GELU, dropout, softmax and AdamW each unfused
+
+
+def test_step_times_synchronise_each_phase_and_restore_the_precision(fake_cupy, monkeypatch):
+    """--time cuda's path on the stand-in: three synchronisations a step (after the loss, before
+    clipping, at the end), every phase timed, the preset's TF32 for the run only."""
+    import minigrad as mg
+
+    syncs = []
+    monkeypatch.setattr(fake_cupy.cuda.Device, "synchronize", lambda self: syncs.append(1))
+    before = mg.get_float32_matmul_precision()
+    row = gpu_step_counts.step_times("cuda", small=True, steps=2, warmup=1)
+    assert len(syncs) == 3 * (1 + 2)
+    assert mg.get_float32_matmul_precision() == before
+    assert row["config"]["train"].matmul_precision == "high"  # baby-gpt's, as nanoGPT
+    assert row["config"]["model"].n_embd == gpu_step_counts.SMALL["n_embd"]
+    phases = [row[phase] for phase in ("forward", "backward", "optimiser")]
+    assert all(ms > 0 for ms in phases) and row["step"] >= max(phases)
+
+
+def test_time_report_gives_the_host_floor_s_share_with_both_widths():
+    from types import SimpleNamespace as NS
+
+    def row(n_embd, block, batch, forward, backward, optimiser):
+        config = {
+            "model": NS(n_layer=6, n_head=6, n_embd=n_embd, block_size=block),
+            "train": NS(batch_size=batch, matmul_precision="high"),
+        }
+        step = forward + backward + optimiser
+        return dict(config=config, forward=forward, backward=backward, optimiser=optimiser,
+                    step=step)  # fmt: skip
+
+    small, real = row(48, 32, 4, 5, 4, 1), row(384, 256, 64, 9, 20, 11)
+    text = gpu_step_counts.time_report("cuda", [small, real])
+    lines = text.splitlines()
+    assert "6 layers, 6 heads, matmul_precision high" in lines[0]
+    assert lines[2].split() == "n_embd 48, block 32, batch 4 5.00 4.00 1.00 10.00".split()
+    assert lines[3].split()[-1] == "40.00"
+    assert lines[4].startswith("host floor / step: 0.25 ")
+    assert "host floor" not in gpu_step_counts.time_report("cuda", [small])

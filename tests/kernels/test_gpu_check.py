@@ -177,6 +177,23 @@ def _result(kind: str, name: str, passed_override=None):
     return gpu_check.Result(step, passed, summary, 12.3, recorded(name))
 
 
+STEP_TIMES = """\
+one step on cuda, ms per phase (median, synchronised): 6 layers, 6 heads, matmul_precision high
+widths                              forward  backward  optimiser     step
+n_embd 48, block 32, batch 4           6.25      3.97       1.17    11.25
+n_embd 384, block 256, batch 64       10.50     21.00       6.00    37.50
+host floor / step: 0.30 (near 1, waiting on the host; near 0, on the device)
+"""
+
+
+def test_step_times_summary():
+    passed, summary = gpu_check.parse_step_times(STEP_TIMES)
+    assert passed
+    assert summary == "step 37.5 ms at n_embd 384; host floor 11.2 ms (n_embd 48), 0.30 of the step"
+    one_row = "\n".join(STEP_TIMES.splitlines()[:3])
+    assert gpu_check.parse_step_times(one_row) == (False, "no timing table in the output")
+
+
 def test_report_has_environment_summary_and_tails():
     results = [
         _result("tests", "pytest_failed.txt"),
@@ -217,7 +234,7 @@ def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
     # the benchmarks before the sanitizers: a short lease measures first
     assert (
         kinds
-        == ["tests", "split", "attention", "counts", "train", "peer", "train"]
+        == ["tests", "split", "attention", "counts", "train", "step", "peer", "train"]
         + ["memcheck"] * 2
         + ["racecheck"] * 2
         + ["synccheck"] * 2
@@ -231,10 +248,13 @@ def test_plan_runs_tests_then_benchmarks_then_every_tool_on_both_cases():
     assert steps[-1].command[:2] == ["env", "MINIGRAD_FAST_PATHS=0"]
     assert steps[3].command[-1] == "--no-emulate" and steps[3].absent == ""
     assert steps[4].command[-3:] == ["--iters", "300", "--quiet"] and "cuda" in steps[4].command
-    assert steps[5].command[-2:] == ["--iters", "300"] and "nanogpt_peer.py" in steps[5].command[1]
-    assert steps[6].command[-1] == "--attn-impl=flash" and "100" in steps[6].title
-    assert steps[7].command[:5] == [sanitizer, "--tool", "memcheck", "--error-exitcode", "1"]
-    assert {s.command[-1] for s in steps[7:-2]} == {"small", "odd"}
+    assert (
+        steps[5].command[-2:] == ["--time", "cuda"] and "gpu_step_counts.py" in steps[5].command[1]
+    )
+    assert steps[6].command[-2:] == ["--iters", "300"] and "nanogpt_peer.py" in steps[6].command[1]
+    assert steps[7].command[-1] == "--attn-impl=flash" and "100" in steps[7].title
+    assert steps[8].command[:5] == [sanitizer, "--tool", "memcheck", "--error-exitcode", "1"]
+    assert {s.command[-1] for s in steps[8:-2]} == {"small", "odd"}
     assert all(s.seconds > 0 for s in steps)  # every step has a time the budget can weigh
     # without xdist, compute-sanitizer and bench/kernel_counts.py: serial, and named as absent
     steps = gpu_check.plan("py", 300, None, skip_bench=False, workers=0, counts=False)

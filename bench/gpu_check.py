@@ -10,9 +10,11 @@ going on after a failure:
 2. the benchmarks, before the sanitizers so that a short lease still measures: the kernels'
    forward and backward timed apart, for each `tensor_cores` choice of the launcher (the fmaf
    kernels, "off", and the tensor-core ones, "tf32" and "3xtf32"; this script again, with
-   --kernel-split), the GPU half of bench/attention.py (--device cuda --skip-kv at ATTENTION_T,
-   the same kernels beside the naive CuPy path and torch SDPA), the counts of bench/kernel_counts.py
-   (--no-emulate; a note in the report where the script is absent), a short
+   --kernel-split, which then runs each kernel at each tile of SWEEP_TILES at T=4096, the
+   tile tables' decision in the same run), the GPU half of bench/attention.py (--device cuda
+   --skip-kv at ATTENTION_T, the same kernels beside the naive CuPy path and torch SDPA), the
+   counts of bench/kernel_counts.py (--no-emulate; a note in the report where the script is
+   absent), a short
    bench/train_vs_torch.py --device cuda (baby-gpt), one step's phases timed apart at
    baby-gpt's widths and at tiny ones, the host's floor (bench/gpu_step_counts.py --time
    cuda), nanoGPT's own train.py on the same
@@ -81,6 +83,10 @@ WORKERS = 8  # pytest-xdist workers for the GPU tests (on the H200's 16 cores: 1
 SPLIT_SHAPE = (4, 8, 64)  # B, nh, hs
 SPLIT_T = (1024, 4096, 16384)
 SPLIT_REPS = 5
+# The tile sweep of the split: at one T, each kernel with each of these tiles (16 is there for
+# small shared memories, never the fastest at hs 64).
+SWEEP_T = 4096
+SWEEP_TILES = (64, 32)
 # bench/attention.py's T here: issue 25's table. Its default adds 512 and 2048, 10 processes
 # more (five columns each) than a short lease can spare.
 ATTENTION_T = (1024, 4096, 8192, 16384)
@@ -274,7 +280,41 @@ def parse_split(output: str) -> tuple[bool, str]:
         summary += "; failed: " + ", ".join(f"{kernels} at T={T}" for kernels, T in errors)
     if skipped:
         summary += "; skipped (not on this GPU): " + ", ".join(skipped)
-    return bool(rows) and not errors, summary
+    tiles_ok, tiles = parse_tile_sweep(output)
+    return bool(rows) and not errors and tiles_ok, summary + tiles
+
+
+def parse_tile_sweep(output: str) -> tuple[bool, str]:
+    """(passed, what to add to the split's summary) of its tile sweep: for each kernel whose
+    fastest tile is not the launcher's plan (by over 3%: timing noise), which and by how much.
+
+    >>> parse_tile_sweep("  tile    tf32 flash_mma_bwd_dkdv    64  backward     6.12  (plan)\\n"
+    ...                  "  tile    tf32 flash_mma_bwd_dkdv    32  backward     5.50\\n")
+    (True, '; tiles: tf32 flash_mma_bwd_dkdv 32 beats the plan 64, 5.50 vs 6.12 ms')
+    """
+    points = re.findall(r"^  tile +(\w+) +(\w+) +(\d+) +\w+ +([\d.]+)( +\(plan\))?$", output, re.M)
+    failed = re.findall(r"^  \(tile (\w+) (\w+) (\d+) failed", output, re.M)
+    if not points and not failed:
+        return True, ""  # an output from before the sweep
+    kernels: dict[tuple[str, str], dict] = {}
+    for choice, name, tile, ms, plan in points:
+        entry = kernels.setdefault((choice, name), {"tiles": {}, "plan": None})
+        entry["tiles"][int(tile)] = float(ms)
+        if plan:
+            entry["plan"] = int(tile)
+    better = []
+    for (choice, name), entry in kernels.items():
+        best = min(entry["tiles"], key=entry["tiles"].get)
+        plan = entry["plan"]
+        if plan is not None and best != plan and entry["tiles"][best] < 0.97 * entry["tiles"][plan]:
+            better.append(
+                f"{choice} {name} {best} beats the plan {plan}, "
+                f"{entry['tiles'][best]:.2f} vs {entry['tiles'][plan]:.2f} ms"
+            )
+    summary = "; tiles: " + ("; ".join(better) if better else "the plans are the fastest")
+    if failed:
+        summary += "; tile sweep failed: " + ", ".join(" ".join(f) for f in failed)
+    return not failed, summary
 
 
 def parse_counts(output: str) -> tuple[bool, str]:
@@ -384,7 +424,7 @@ def plan(
     steps = [Step(f"GPU tests (pytest -m gpu, {how})", tests, "tests", 120 if workers else 300)]
     if not skip_bench:
         split = [python, script, "--kernel-split"]
-        steps.append(Step("kernel split (forward, backward)", split, "split", 30))
+        steps.append(Step("kernel split (forward, backward; tiles)", split, "split", 40))
         attention = [python, str(ROOT / "bench" / "attention.py"), "--device", "cuda", "--skip-kv"]
         attention += ["--T", *(str(T) for T in ATTENTION_T)]
         steps.append(Step("bench/attention.py --device cuda", attention, "attention", 90))
@@ -632,7 +672,80 @@ def kernel_split() -> int:
                 failed += 1
                 continue
             print(f"{T:>7}{choice:>10}{fwd_ms:>10.2f}{bwd_ms:>10.2f}{fwd_ms + bwd_ms:>10.2f}")
+    failed += tile_sweep([choice for choice, why in choices.items() if not why])
     return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def forced_tile(kernel: str, tile: int):
+    """Make the launcher's plan for ``kernel`` the one tile ``tile`` (bench only: the tile
+    tables are the launcher's, `launch_plan` still checks that it fits)."""
+    from minigrad.kernels import flash_attention_cuda as launcher
+
+    table = launcher._MMA_TILES if kernel.startswith("flash_mma") else launcher._TILES
+    saved = table[kernel]
+    table[kernel] = (tile,)
+    try:
+        yield
+    finally:
+        table[kernel] = saved
+
+
+def tile_sweep(choices: list[str]) -> int:
+    """At SWEEP_T, each kernel of each tensor_cores choice run with each tile of SWEEP_TILES
+    its table has, the others left to the plan, timing the pass that holds it (forward, or
+    the whole backward); one line per point, '(plan)' on the launcher's own choice. What
+    decides the tile tables (_TILES, _MMA_TILES) from one run. Returns the points that failed."""
+    import functools
+
+    import cupy
+    import numpy as np
+
+    from minigrad.kernels import flash_attention_cuda as launcher
+
+    B, nh, hs = SPLIT_SHAPE
+    attributes = cupy.cuda.Device().attributes
+    rng = np.random.default_rng(0)
+    q, k, v, grad_o = (
+        cupy.asarray(rng.standard_normal((B, nh, SWEEP_T, hs), dtype=np.float32)) for _ in range(4)
+    )
+    print(f"tile sweep at T={SWEEP_T}: one kernel's tile forced, its pass timed (ms)")
+    failed = 0
+    for choice in choices:
+        prefix = "flash_attn_" if choice == "off" else "flash_mma_"
+        for kernel in ("fwd", "bwd_dkdv", "bwd_dq"):
+            name = prefix + kernel
+            table = launcher._TILES if choice == "off" else launcher._MMA_TILES
+            tiles = [tile for tile in table[name] if tile in SWEEP_TILES]
+            if len(tiles) < 2:
+                continue
+            plan = launcher.launch_plan(name, hs, attributes)[0]
+            for tile in tiles:
+                try:
+                    with forced_tile(name, tile):
+                        forward = functools.partial(
+                            launcher.flash_attention_forward_cuda, q, k, v, tensor_cores=choice
+                        )
+                        o, lse = forward()
+                        backward = functools.partial(
+                            launcher.flash_attention_backward_cuda,
+                            *(q, k, v, o, lse, grad_o),
+                            tensor_cores=choice,
+                        )
+                        pass_name, fn = ("forward", forward) if kernel == "fwd" else (
+                            "backward", backward
+                        )  # fmt: skip
+                        ms = best_ms(fn)
+                except ValueError as e:  # the tile's shared memory does not fit this GPU
+                    print(f"  (tile {choice} {name} {tile}: does not fit: {e})")
+                    continue
+                except Exception as e:  # a launch that fails: go on, and fail the step
+                    print(f"  (tile {choice} {name} {tile} failed: {type(e).__name__}: {e})")
+                    failed += 1
+                    continue
+                mark = "  (plan)" if tile == plan else ""
+                print(f"  tile {choice:>7} {name:<19}{tile:>4} {pass_name:>9}{ms:>9.2f}{mark}")
+    return failed
 
 
 def best_ms(fn) -> float:

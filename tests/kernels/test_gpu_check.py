@@ -150,6 +150,28 @@ def test_kernel_split_table():
         "T=16384: off 180.20 / 511.16; skipped (not on this GPU): tf32, 3xtf32"
     )
     assert gpu_check.parse_split("Traceback ...") == (False, "no kernel split table in the output")
+    # the tile sweep: a faster tile than the plan's is named; one that failed fails the step
+    sweep = (
+        "  tile    tf32 flash_mma_bwd_dkdv    64  backward     6.12  (plan)\n"
+        "  tile    tf32 flash_mma_bwd_dkdv    32  backward     5.50\n"
+        "  tile    tf32 flash_mma_fwd         64   forward     2.31  (plan)\n"
+        "  tile    tf32 flash_mma_fwd         32   forward     2.30\n"
+    )
+    passed, summary = gpu_check.parse_split(recorded("split_cuda.txt") + sweep)
+    assert passed and summary.endswith(
+        "; tiles: tf32 flash_mma_bwd_dkdv 32 beats the plan 64, 5.50 vs 6.12 ms"
+    )  # fwd's 32 is within the 3% of noise: not named
+    passed, summary = gpu_check.parse_split(
+        recorded("split_cuda.txt") + sweep.replace("5.50", "6.00")
+    )
+    assert passed and summary.endswith("; tiles: the plans are the fastest")
+    broken = "  (tile 3xtf32 flash_mma_bwd_dq 64 failed: CUDADriverError: x)\n"
+    passed, summary = gpu_check.parse_split(recorded("split_cuda.txt") + sweep + broken)
+    assert passed is False and summary.endswith("; tile sweep failed: 3xtf32 flash_mma_bwd_dq 64")
+    passed, summary = gpu_check.parse_split(
+        recorded("split_cuda.txt") + "  (tile off flash_attn_fwd 64: does not fit: ...)\n"
+    )
+    assert passed  # a tile this GPU's shared memory cannot hold is not a failure
 
 
 def test_counts_summary_points_to_their_section():
@@ -395,18 +417,41 @@ def test_kernel_split_times_the_kernels_on_the_cupy_standin(fake_cupy, monkeypat
     monkeypatch.setattr(gpu_check, "SPLIT_SHAPE", (1, 2, 16))
     monkeypatch.setattr(gpu_check, "SPLIT_T", (8, 40))
     monkeypatch.setattr(gpu_check, "SPLIT_REPS", 1)
+    monkeypatch.setattr(gpu_check, "SWEEP_T", 40)
     from minigrad.kernels import emulator
+    from minigrad.kernels import flash_attention_cuda as launcher
 
+    tables = {name: dict(table) for name, table in (("fmaf", launcher._TILES),
+                                                      ("mma", launcher._MMA_TILES))}  # fmt: skip
     with emulator.count_launches() as launches:  # which kernels each row's choice ran
         assert gpu_check.kernel_split() == 0
     assert {launch.options[-1] for launch in launches if launch.name == "flash_mma_fwd"} == {
         "-DPASSES=1",
         "-DPASSES=3",
     }
-    passed, summary = gpu_check.parse_split(capsys.readouterr().out)
+    # the sweep ran each mma kernel at KT 64 and 32 (the module's -DKT), then put the tables back
+    dkdv_tiles = {
+        next(o for o in launch.options if o.startswith("-DKT="))
+        for launch in launches
+        if launch.name == "flash_mma_bwd_dkdv"
+    }
+    assert dkdv_tiles == {"-DKT=64", "-DKT=32"}
+    assert tables == {"fmaf": launcher._TILES, "mma": launcher._MMA_TILES}
+    out = capsys.readouterr().out
+    passed, summary = gpu_check.parse_split(out)
     assert passed and summary.startswith("forward / backward ms: T=8: off ")
     for T in (8, 40):
         assert re.search(rf"T={T}: off [\d.]+ / [\d.]+, tf32 [\d.]+ / [\d.]+, 3xtf32 ", summary)
+    sweep = re.findall(r"^  tile +(\w+) +(\w+) +(\d+) +(\w+) +[\d.]+( +\(plan\))?$", out, re.M)
+    points = {(choice, name, int(tile)) for choice, name, tile, _, _ in sweep}
+    for choice in ("tf32", "3xtf32"):
+        for kernel in ("fwd", "bwd_dkdv", "bwd_dq"):
+            assert {(choice, f"flash_mma_{kernel}", t) for t in (64, 32)} <= points
+    assert ("off", "flash_attn_fwd", 32) in points
+    assert all(passes == ("forward" if "fwd" in name else "backward")
+               for _, name, _, passes, _ in sweep)  # fmt: skip
+    plans = [(choice, name) for choice, name, _, _, plan in sweep if plan]
+    assert len(plans) == len(set(plans)) == len({(c, n) for c, n, _, _, _ in sweep})
 
 
 def _load_attention():

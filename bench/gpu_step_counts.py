@@ -4,16 +4,20 @@ Runs the ``baby-gpt`` preset (nanoGPT's GPU Shakespeare model: 6 layers, 6 heads
 at small widths on tests/support/fake_cupy.py, the NumPy-backed stand-in the tests use, and
 prints for one training step after the first (which also allocates the optimiser's moments):
 kernel launches split into forward, backward and optimiser (with clipping), host transfers,
-random generators made and bytes of device memory allocated. The counts depend on the number
+random generators made, bytes of device memory allocated, bytes moved (what the kernels read
+and write, each array once) and the matrix products' FLOPs. The launches depend on the number
 of layers and heads and on the code path, not on the widths, so they say what the step costs
 on a GPU in launches: at a few microseconds each, 3,000 launches are about 10 ms a step before
-any arithmetic (the H200 ran baby-gpt at 77-80 ms a step, nanoGPT at 14; issue 26).
+any arithmetic (the H200 ran baby-gpt at 77-80 ms a step, nanoGPT at 14; issue 26). The bytes
+and FLOPs grow with the widths: at the preset's own (``--set n_embd=384 --set block_size=256
+--set batch_size=64``, a minute of NumPy) the last line, the device floor, is what the step
+costs a GPU at its peak rates (``--gpu h100|h200``, bench/kernel_counts.py's numbers).
 
     python bench/gpu_step_counts.py [--steps 2] [--set FIELD=VALUE ...] [--sites 30]
 
 ``--sites N`` also prints the N lines of minigrad and decoder that launch the most kernels in
-that step (each launch charged to the innermost such line and the one that called it): where
-the next fusion pays.
+that step, and the N that move the most bytes (each launch charged to the innermost such line
+and the one that called it): where the next fusion pays.
 
 ``--time cpu|cuda`` times real steps instead, each phase apart (the device synchronised at its
 end), at two widths: the small ones above, where the device has almost nothing to do and the
@@ -53,6 +57,7 @@ if str(ROOT) not in sys.path:
 # baby-gpt's depth, heads and dropout at widths the stand-in runs in a second
 SMALL = dict(n_embd=48, block_size=32, batch_size=4, eval_iters=1, sample_tokens=0)
 COUNTERS = ("kernel_launches", "host_to_device", "device_to_host", "generators_created")
+SIZES = ("bytes_allocated", "bytes_moved", "matmul_flops")
 
 
 def install_stand_in() -> Any:
@@ -69,24 +74,30 @@ def install_stand_in() -> Any:
 
 
 def snapshot(cupy: Any) -> dict[str, int]:
-    return {name: getattr(cupy, name) for name in (*COUNTERS, "bytes_allocated")}
+    return {name: getattr(cupy, name) for name in (*COUNTERS, *SIZES)}
 
 
-def count_sites(cupy: Any, sites: collections.Counter, on: list[bool]) -> None:
+def count_sites(
+    cupy: Any, sites: collections.Counter, on: list[bool], moved: collections.Counter | None = None
+) -> None:
     """Charge each launch made while ``on[0]`` to the two innermost minigrad/decoder lines of
-    the stack that made it, in ``sites`` (the stand-in's launch counter, wrapped)."""
+    the stack that made it, in ``sites``, and the bytes it moved in ``moved`` (the stand-in's
+    launch counter, wrapped)."""
     launched = cupy._launched
+    moved = collections.Counter() if moved is None else moved
 
-    def counted(*args: Any) -> Any:
-        before = cupy.kernel_launches
-        result = launched(*args)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        before, bytes_before = cupy.kernel_launches, cupy.bytes_moved
+        result = launched(*args, **kwargs)
         if on[0] and cupy.kernel_launches != before:
             ours = [
                 f for f in traceback.extract_stack()[:-1]
                 if "/minigrad/" in f.filename or "/decoder/" in f.filename
             ]  # fmt: skip
             where = [f"{Path(f.filename).relative_to(ROOT)}:{f.lineno} {f.name}" for f in ours]
-            sites[" <- ".join(where[::-1][:2])] += cupy.kernel_launches - before
+            site = " <- ".join(where[::-1][:2])
+            sites[site] += cupy.kernel_launches - before
+            moved[site] += cupy.bytes_moved - bytes_before
         return result
 
     cupy._launched = counted
@@ -147,16 +158,18 @@ def step_counts(
     overrides: dict[str, str] | None = None,
     cupy: Any = None,
     sites: collections.Counter | None = None,
+    moved_sites: collections.Counter | None = None,
     **extra: Any,
 ) -> dict[str, dict]:
     """Counts of the last of ``steps`` training steps, by phase: {"forward": {...}, ...};
     ``overrides`` as text (the command line's --set), ``extra`` typed. ``cupy``: the stand-in
     already installed (the tests' fixture), else it is installed for this process. ``sites``:
-    a Counter that receives the last step's launches by the lines that made them."""
+    a Counter that receives the last step's launches by the lines that made them, and
+    ``moved_sites`` their bytes moved."""
     cupy = cupy or install_stand_in()
     last_step = [False]
     if sites is not None:
-        count_sites(cupy, sites, last_step)
+        count_sites(cupy, sites, last_step, moved_sites)
     small = {k: v for k, v in SMALL.items() if k not in (overrides or {})}
     model, optimizer, model_cfg, train_cfg = build(preset, overrides, "cuda", **small, **extra)
     marks: dict[str, dict[str, int]] = {}
@@ -231,20 +244,61 @@ def step_times(
     return result
 
 
-def report(phases: dict[str, dict]) -> str:
-    model = phases["config"]["model"]
+def device_floor(step: dict[str, int], matmul_precision: str, gpu: Any) -> dict[str, float]:
+    """What one step's device work costs at ``gpu``'s peak rates (a kernel_counts.Gpu), in ms:
+    "memory", its bytes moved at the DRAM bandwidth; "products", its matmul FLOPs on the
+    tensor cores in TF32 (matmul_precision "high") or on the fp32 lanes ("highest"); "total",
+    the two one after the other (the products and the elementwise kernels are separate
+    launches). A floor: no kernel reaches its peak, and launches cost time of their own.
+
+    >>> from types import SimpleNamespace as NS
+    >>> gpu = NS(dram_tb_s=2.0, tf32_mac_per_s=4e14, fma_per_s=5e13)
+    >>> device_floor({"bytes_moved": 4e9, "matmul_flops": 8e11}, "high", gpu)
+    {'memory': 2.0, 'products': 1.0, 'total': 3.0}
+    >>> device_floor({"bytes_moved": 0, "matmul_flops": 8e11}, "highest", gpu)["products"]
+    8.0
+    """
+    rate = gpu.tf32_mac_per_s if matmul_precision == "high" else gpu.fma_per_s
+    memory = 1e3 * step["bytes_moved"] / (gpu.dram_tb_s * 1e12)
+    products = 1e3 * step["matmul_flops"] / (2 * rate)
+    return {"memory": memory, "products": products, "total": memory + products}
+
+
+def load_gpus() -> dict[str, Any]:
+    """bench/kernel_counts.py's GPUS: the peak rates, stated and sourced once."""
+    spec = importlib.util.spec_from_file_location("kernel_counts", ROOT / "bench/kernel_counts.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.GPUS
+
+
+def report(phases: dict[str, dict], gpu: Any = None) -> str:
+    """The counts' table; with ``gpu`` (a kernel_counts.Gpu), the step's device floor there."""
+    model, train = phases["config"]["model"], phases["config"]["train"]
     lines = [
         f"one training step on the CuPy stand-in: {model.n_layer} layers, {model.n_head} heads, "
-        f"n_embd {model.n_embd}, block {model.block_size}, dropout {model.dropout}",
+        f"n_embd {model.n_embd}, block {model.block_size}, batch {train.batch_size}, "
+        f"dropout {model.dropout}",
         f"{'':12s}{'launches':>10s}{'host->dev':>11s}{'dev->host':>11s}{'generators':>12s}"
-        f"{'MB alloc':>10s}",
+        f"{'MB alloc':>10s}{'MB moved':>10s}{'GFLOP':>9s}",
     ]
     for phase in ("forward", "backward", "optimiser", "step"):
         c = phases[phase]  # the loss is read at the start of the backward phase
         lines.append(
             f"{phase:12s}{c['kernel_launches']:10,d}{c['host_to_device']:11d}"
             f"{c['device_to_host']:11d}{c['generators_created']:12d}"
-            f"{c['bytes_allocated'] / 2**20:10.2f}"
+            f"{c['bytes_allocated'] / 2**20:10.2f}{c['bytes_moved'] / 2**20:10.2f}"
+            f"{c['matmul_flops'] / 1e9:9.3f}"
+        )
+    if gpu is not None:
+        precision = train.matmul_precision
+        floor = device_floor(phases["step"], precision, gpu)
+        how = "TF32 tensor cores" if precision == "high" else "fp32 lanes"
+        lines.append(
+            f"device floor on an {gpu.name}, at peak rates: {floor['memory']:.2f} ms moving "
+            f"the bytes ({gpu.dram_tb_s} TB/s) + {floor['products']:.2f} ms of products "
+            f"({how}, matmul_precision {precision}) = {floor['total']:.2f} ms a step"
         )
     return "\n".join(lines)
 
@@ -283,6 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--sites", type=int, default=0, metavar="N", help="the N busiest lines")
+    p.add_argument("--gpu", choices=("h100", "h200"), default="h100", help="for the floor")
     p.add_argument(
         "--time",
         choices=("cpu", "cuda"),
@@ -307,11 +362,18 @@ def main(argv: list[str] | None = None) -> None:
         print(time_report(args.time, rows))
         return
     sites: collections.Counter = collections.Counter()
-    print(report(step_counts(args.preset, args.steps or 2, overrides, sites=sites)))
+    moved: collections.Counter = collections.Counter()
+    gpu = load_gpus()[args.gpu]
+    counts = step_counts(args.preset, args.steps or 2, overrides, sites=sites, moved_sites=moved)
+    print(report(counts, gpu))
     if args.sites:
         print(f"\nthe {args.sites} lines that launch the most kernels in that step:")
         for where, n in sites.most_common(args.sites):
             print(f"{n:6d}  {where}")
+        total = counts["step"]["bytes_moved"]
+        print(f"\nthe {args.sites} lines that move the most bytes (MB, share of the step's):")
+        for where, n in moved.most_common(args.sites):
+            print(f"{n / 2**20:9.1f} {n / total:5.1%}  {where}")
 
 
 if __name__ == "__main__":

@@ -40,9 +40,11 @@ def test_the_sites_add_up_to_the_step_s_launches_and_the_plain_form_launches_mor
     import collections
 
     fast_paths(True)
-    sites = collections.Counter()
-    fused = gpu_step_counts.step_counts(cupy=fake_cupy, sites=sites)["step"]["kernel_launches"]
+    sites, moved = collections.Counter(), collections.Counter()
+    step = gpu_step_counts.step_counts(cupy=fake_cupy, sites=sites, moved_sites=moved)["step"]
+    fused = step["kernel_launches"]
     assert sum(sites.values()) == fused
+    assert sum(moved.values()) == step["bytes_moved"] and moved.keys() == sites.keys()
     assert any("layer_norm_forward" in where for where in sites)  # the fused LayerNorm ran
     fast_paths(False)
     plain = gpu_step_counts.step_counts(cupy=fake_cupy)["step"]["kernel_launches"]
@@ -86,3 +88,29 @@ def test_time_report_gives_the_host_floor_s_share_with_both_widths():
     assert lines[3].split()[-1] == "40.00"
     assert lines[4].startswith("host floor / step: 0.25 ")
     assert "host floor" not in gpu_step_counts.time_report("cuda", [small])
+
+
+def test_the_products_flops_are_the_model_s_and_the_floor_reads_them(fake_cupy):
+    """The stand-in's FLOP count against the textbook's: every linear layer 2 * tokens * its
+    weights forward, the naive attention's two batched products 2 * B * nh * T^2 * hs each, and
+    the backward twice the forward (each product's two gradients). The bytes moved exceed
+    what the step allocates (each new array written once, and read at least once after)."""
+    counts = gpu_step_counts.step_counts(cupy=fake_cupy)
+    model, train = counts["config"]["model"], counts["config"]["train"]
+    B, T, C, L = train.batch_size, model.block_size, model.n_embd, model.n_layer
+    hidden = 4 * C
+    weights = L * (C * 3 * C + C * C + 2 * C * hidden) + C * model.vocab_size
+    attention = L * 2 * (2 * B * model.n_head * T * T * (C // model.n_head))
+    assert counts["forward"]["matmul_flops"] == 2 * B * T * weights + attention
+    # the backward: twice that, and LayerNorm's row sums, at most two a norm (2L + 1 norms),
+    # which rows.py takes as products with a vector of ones where the BLAS beats a reduction
+    extra = counts["backward"]["matmul_flops"] - 2 * counts["forward"]["matmul_flops"]
+    assert 0 <= extra <= (2 * L + 1) * 2 * (2 * B * T * C)
+    assert counts["optimiser"]["matmul_flops"] == 0
+    step = counts["step"]
+    assert step["bytes_moved"] > 2 * step["bytes_allocated"]
+    gpus = gpu_step_counts.load_gpus()
+    text = gpu_step_counts.report(counts, gpus["h100"])
+    floor = gpu_step_counts.device_floor(step, train.matmul_precision, gpus["h100"])
+    assert f"= {floor['total']:.2f} ms a step" in text and "H100 SXM" in text
+    assert floor["memory"] == 1e3 * step["bytes_moved"] / 3.35e12

@@ -143,6 +143,38 @@ def test_each_kernel_is_counted_and_views_are_not(fake_cupy):
     assert cp.generators_created == 1
 
 
+def test_each_launch_moves_the_arrays_it_touches_once_and_products_count_their_flops(fake_cupy):
+    cp = fake_cupy
+
+    def moved(fn):
+        before = cp.bytes_moved
+        fn()
+        return cp.bytes_moved - before
+
+    x = cp.ones((4, 8), dtype=np.float32)  # 128 bytes
+    b = cp.ones(8, dtype=np.float32)  # 32: a broadcast operand is read at its own size
+    assert moved(lambda: x + b) == 128 + 32 + 128
+    assert moved(lambda: x * x) == 128 + 128  # x read once
+    assert moved(lambda: 2.0 * x) == moved(lambda: -x) == moved(lambda: cp.exp(x)) == 256
+    assert moved(lambda: x.sum(axis=1)) == 128 + 16
+    assert moved(lambda: x.reshape(8, 4).T) == 0  # a view moves nothing
+    assert moved(lambda: x[np.array([0, 2])]) == 2 * 64  # a gather: what it picks
+    assert moved(lambda: x.__iadd__(b)) == 2 * 128 + 32  # read and write x, read b
+    assert moved(lambda: x.__setitem__(0, 5.0)) == 32  # the row written
+    rows = cp.ones((2, 8), np.float32)
+    assert moved(lambda: cp.add.at(x, np.array([0, 0]), rows)) == 3 * 64  # b, and a's rows twice
+    axpy = cp.ElementwiseKernel("T x, T y, T a", "T z", "z = x * a + y", "stand_in_axpy")
+    assert moved(lambda: axpy(x, b, np.float32(2))) == 128 + 32 + 128
+    assert moved(lambda: cp.random.RandomState(0).random_sample(3)) == 24
+    w = cp.ones((8, 5), dtype=np.float32)
+    before, moves = cp.matmul_flops, moved(lambda: x @ w)
+    assert cp.matmul_flops - before == 2 * 4 * 5 * 8 and moves == 128 + 160 + 80
+    before = cp.matmul_flops
+    cp.matmul(cp.ones((3, 4, 8)), cp.ones((8, 2)))  # batched: 3 products of (4, 8) @ (8, 2)
+    assert cp.matmul_flops - before == 2 * 3 * 4 * 2 * 8
+    assert moved(lambda: x.get()) == 0  # a transfer, not a kernel (counted apart)
+
+
 def test_an_elementwise_kernel_runs_its_c_on_every_element_in_one_launch(fake_cupy):
     cp = fake_cupy
     axpy = cp.ElementwiseKernel("T x, T y, T a", "T z", "z = x * a + y", "stand_in_axpy")

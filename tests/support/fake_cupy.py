@@ -31,6 +31,10 @@ Where it matters, it behaves as CuPy does (``cupy/_core/core.pyx``):
   a result that shares memory with an input (a reshape, a transpose, a basic slice) is a view
   and counts none, and ``empty`` only allocates. ``bytes_allocated`` adds up the new arrays'
   sizes and ``generators_created`` the RandomStates made (bench/gpu_step_counts.py reads all).
+- ``bytes_moved`` adds up what each of those launches reads and writes in device memory, each
+  array it touches once (what it could not do with less: its floor on a GPU's memory
+  bandwidth); a gather or an item assignment, the elements it picks. ``matmul_flops`` adds up
+  the matrix products' floating-point operations (2 per multiply-add).
 - ``cupy._core._routines_linalg.set_compute_type(float32, COMPUTE_TYPE_TF32)`` makes float32
   products round their inputs to TF32 (10 significand bits), as the tensor cores do.
 - ``cuda.Device().mem_info`` and ``get_default_memory_pool().free_bytes()`` report the
@@ -58,6 +62,8 @@ host_to_device = 0  # copies of host data in: asarray/array of host data, host i
 kernel_launches = 0  # device kernels: each operator, function, reduction, copy, kernel and draw
 generators_created = 0  # random generators made (cupy.random.RandomState)
 bytes_allocated = 0  # bytes of the new arrays those kernels made (views and results of none)
+bytes_moved = 0  # bytes those kernels read and wrote, each array they touch once
+matmul_flops = 0  # floating-point operations of the matrix products (2 per multiply-add)
 
 _HOST_ERROR = (
     "Implicit conversion to a NumPy array is not allowed. "
@@ -99,13 +105,14 @@ def _host_in(x: Any) -> Any:
     return _dev(x)
 
 
-def _launched(r: Any, *inputs: Any) -> Any:
-    """Count one kernel launch and the new device memory its result holds; wrap the result.
+def _launched(r: Any, *inputs: Any, moved: int | None = None) -> Any:
+    """Count one kernel launch, the new device memory its result holds and the bytes it moves
+    (``moved``, else its ``inputs``' and new results' sizes, each array once); wrap the result.
 
     A result that shares memory with an input is a view (a reshape, a transpose, a basic
     slice): CuPy launches nothing for it, so neither does this count.
     """
-    global kernel_launches, bytes_allocated
+    global kernel_launches, bytes_allocated, bytes_moved
     results = r if isinstance(r, (tuple, list)) else (r,)
     arrays = [np.asarray(a) for a in results if isinstance(a, (np.ndarray, np.generic))]
     sources = [a for a in inputs if isinstance(a, np.ndarray)]
@@ -113,7 +120,16 @@ def _launched(r: Any, *inputs: Any) -> Any:
     if fresh or not arrays:  # a new array, or an in-place kernel that returns none
         kernel_launches += 1
         bytes_allocated += sum(a.nbytes for a in fresh)
+        bytes_moved += _nbytes(sources + fresh) if moved is None else moved
     return _wrap(r)
+
+
+def _nbytes(arrays: Any) -> int:
+    """The bytes of the distinct arrays among ``arrays`` (NumPy arrays behind device arrays, or
+    device arrays; anything else is no memory): an array a kernel reads twice counts once."""
+    behind = (a._a if isinstance(a, ndarray) else a for a in arrays)
+    seen = {id(a): a for a in behind if isinstance(a, np.ndarray)}
+    return sum(a.nbytes for a in seen.values())
 
 
 def _wrap(r: Any) -> Any:
@@ -151,7 +167,8 @@ class ndarray:  # noqa: N801 (CuPy's name)
         # on the device, so the operator forms with NumPy scalars are let through.
         scalars_only = all(isinstance(v, (ndarray, np.generic, int, float)) for v in inputs)
         if method == "__call__" and not kwargs and scalars_only and ufunc.__name__ in _OPERATORS:
-            return _launched(ufunc(*[_dev(v) for v in inputs]))
+            operands = [_dev(v) for v in inputs]
+            return _launched(ufunc(*operands), *operands)
         raise TypeError(
             f"numpy.{ufunc.__name__}{'' if method == '__call__' else '.' + method} was given a "
             f"cupy array: NumPy cannot compute on device memory; call it from the array's own "
@@ -219,11 +236,13 @@ class ndarray:  # noqa: N801 (CuPy's name)
         result = self._a[index]
         if isinstance(result, np.generic):  # one element: CuPy gives a 0-d view, no kernel
             return _wrap(result)
-        return _launched(result, self._a)  # a basic slice is a view: no kernel either
+        # a basic slice is a view: no kernel either; a gather reads and writes what it picks
+        return _launched(result, self._a, moved=2 * result.nbytes)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        self._a[_host_in(index)] = _host_in(value)
-        _launched(None)
+        index, value = _host_in(index), _host_in(value)
+        self._a[index] = value
+        _launched(None, moved=np.asarray(self._a[index]).nbytes + _nbytes([value]))
 
     def __getattr__(self, name: str) -> Any:
         if name not in _METHODS:
@@ -252,21 +271,21 @@ _OPERATORS = frozenset(
 
 
 def _unary(fn: Any) -> Any:
-    return lambda self: _launched(fn(self._a))
+    return lambda self: _launched(fn(self._a), self._a)
 
 
 def _binary(fn: Any) -> Any:
-    return lambda self, other: _launched(fn(self._a, _dev(other)))
+    return lambda self, other: _launched(fn(self._a, _dev(other)), self._a, _dev(other))
 
 
 def _reflected(fn: Any) -> Any:
-    return lambda self, other: _launched(fn(_dev(other), self._a))
+    return lambda self, other: _launched(fn(_dev(other), self._a), _dev(other), self._a)
 
 
 def _inplace(fn: Any) -> Any:
     def op(self: ndarray, other: Any) -> ndarray:
         self._a = fn(self._a, _dev(other))  # operator.iadd & co. write into the array itself
-        _launched(None)
+        _launched(None, moved=2 * self._a.nbytes + _nbytes([other]))
         return self
 
     return op
@@ -302,10 +321,13 @@ def _tf32(a: np.ndarray) -> np.ndarray:
 
 
 def _matmul(a: Any, b: Any) -> Any:
+    global matmul_flops
     tf32 = _compute_types.get(np.dtype(np.float32)) == _routines_linalg.COMPUTE_TYPE_TF32
     if tf32 and np.result_type(a, b) == np.float32:
         a, b = _tf32(np.asarray(a, np.float32)), _tf32(np.asarray(b, np.float32))
-    return np.matmul(a, b)
+    out = np.matmul(a, b)
+    matmul_flops += 2 * np.size(out) * np.shape(a)[-1]  # a multiply and an add per k
+    return out
 
 
 ndarray.__matmul__, ndarray.__rmatmul__ = _binary(_matmul), _reflected(_matmul)
@@ -384,7 +406,8 @@ class _AddUfunc:
         if not isinstance(a, ndarray):
             raise TypeError(f"Unsupported type {type(a)}")
         np.add.at(a._a, _host_in(indices), _dev(b))
-        _launched(None)
+        rows = np.asarray(_dev(b)).nbytes  # read b, and read and write as much of a
+        _launched(None, moved=3 * rows)
 
 
 _NAMESPACE["add"] = _AddUfunc()
@@ -532,7 +555,7 @@ class RawKernel:
 
     def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
         self._kernel(grid, block, tuple(_dev(a) for a in args), shared_mem=shared_mem)
-        _launched(None)
+        _launched(None, moved=_nbytes(args))  # each array argument once: read, written or both
 
 
 class RawModule:
@@ -612,7 +635,7 @@ class ElementwiseKernel:
         kernel(ctypes.c_int64(int(np.prod(shape, dtype=np.int64))), *values)
         global bytes_allocated
         bytes_allocated += sum(m.nbytes for m in made)
-        _launched(None)
+        _launched(None, moved=_nbytes([*args, *made]))  # broadcast inputs at their own size
         return outs[0] if len(outs) == 1 else tuple(outs)  # as CuPy: every output, given or made
 
     def _build(self, dtypes: tuple[str, ...], is_array: tuple[bool, ...], t: str | None) -> Any:
@@ -664,7 +687,7 @@ def _elementwise(fn: Any) -> Any:
     def special(x: ndarray) -> ndarray:
         a = _dev(x)
         out = np.vectorize(fn, otypes=[np.float64])(a)
-        return _launched(out.astype(a.dtype if a.dtype.kind == "f" else np.float64))
+        return _launched(out.astype(a.dtype if a.dtype.kind == "f" else np.float64), a)
 
     special.__name__ = fn.__name__
     return special

@@ -55,7 +55,11 @@ from minigrad.functional.dropout import check_p, dropout, mask_seed
 from minigrad.functional.inputs import check_floating, check_same_dtype
 from minigrad.functional.rows import dot_last, exp_shifted, widen
 from minigrad.functional.softmax import softmax
-from minigrad.kernels.flash_attention import flash_attention_backward, flash_attention_forward
+from minigrad.kernels.flash_attention import (
+    flash_attention_backward,
+    flash_attention_forward,
+    score_scale,
+)
 from minigrad.tensor import Tensor
 
 IMPLS = ("auto", "naive", "dense", "flash")
@@ -427,15 +431,6 @@ class FlashAttention(Function):
 
             return flash_attention_backward_cuda(*args, window=ctx.window, **ctx.drop)
         return flash_attention_backward(*args, window=ctx.window, **ctx.drop, **ctx.blocks)
-
-
-def score_scale(hs: int) -> float:
-    """The scores' scale 1 / sqrt(hs); 1 for hs = 0, where every score is an empty sum, 0.
-
-    >>> score_scale(16), score_scale(0)
-    (0.25, 1.0)
-    """
-    return 1.0 / math.sqrt(hs) if hs else 1.0
 
 
 def _check_inputs(

@@ -31,6 +31,7 @@ calculation for softmax" (2018) for the running max and sum; the dropout is Flas
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 from typing import Any
 
@@ -38,6 +39,16 @@ import numpy as np
 
 from minigrad.backend import xp_of
 from minigrad.kernels.fused import uniform_at
+
+
+def score_scale(hs: int) -> float:
+    """The scores' scale 1 / sqrt(hs); 1 for hs = 0, where every score is an empty sum, 0.
+
+    >>> score_scale(16), score_scale(0)
+    (0.25, 1.0)
+    """
+    return 1.0 / math.sqrt(hs) if hs else 1.0
+
 
 Array = Any  # a numpy.ndarray or a cupy.ndarray; the twin never needs to tell them apart
 
@@ -200,7 +211,7 @@ def flash_attention_forward(
     group = nh // n_kv
     offset = S - T
     dtype = q.dtype
-    scale = 1.0 / float(np.sqrt(hs)) if scale is None else float(scale)
+    scale = score_scale(hs) if scale is None else float(scale)
     slopes = None
     if alibi_slopes is not None:
         # (nh,) -> (n_kv, g, 1, 1): head h = kv_head * group + g, matching the view of q below.
@@ -293,7 +304,7 @@ def flash_attention_backward(
     group = nh // n_kv
     offset = S - T
     dtype = q.dtype
-    scale = 1.0 / float(np.sqrt(hs)) if scale is None else float(scale)
+    scale = score_scale(hs) if scale is None else float(scale)
     slopes = None
     if alibi_slopes is not None:
         # (nh,) -> (n_kv, g, 1, 1): head h = kv_head * group + g, matching the view of q below.

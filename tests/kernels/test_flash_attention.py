@@ -238,6 +238,25 @@ def test_explicit_scale_is_used():
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_an_empty_head_size_gives_empty_outputs_and_the_log_of_the_keys_seen(causal):
+    # hs = 0: every score is an empty sum, 0, so each row's weights are uniform over the keys it
+    # sees and lse = log(their count); PyTorch's SDPA gives an empty o too. No 1/sqrt(0) error.
+    import torch
+
+    q, k = np.zeros((1, 2, 3, 0)), np.zeros((1, 2, 5, 0))
+    o, lse = flash_attention_forward(q, k, k, causal, None, None, 2, 2)
+    seen = np.arange(3, 6) if causal else np.full(3, 5)  # S - T = 2 keys before the first query
+    assert o.shape == (1, 2, 3, 0)
+    np.testing.assert_allclose(lse, np.broadcast_to(np.log(seen), (1, 2, 3)), rtol=1e-15)
+    grads = flash_attention_backward(q, k, k, o, lse, o, causal, None, None, 2, 2)
+    assert [g.shape for g in grads] == [(1, 2, 3, 0), (1, 2, 5, 0), (1, 2, 5, 0)]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(x) for x in (q, k, k))
+    )
+    assert tuple(want.shape) == o.shape
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_backward_matches_finite_differences(causal):
     # loss = sum(o * g) with a random g: a plain o.sum() would let a backward that ignores
     # grad_o pass. Central differences in float64 have error ~eps^2 * f''' ~ 1e-10.

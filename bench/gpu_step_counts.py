@@ -4,14 +4,14 @@ Runs the ``baby-gpt`` preset (nanoGPT's GPU Shakespeare model: 6 layers, 6 heads
 at small widths on tests/support/fake_cupy.py, the NumPy-backed stand-in the tests use, and
 prints for one training step after the first (which also allocates the optimiser's moments):
 kernel launches split into forward, backward and optimiser (with clipping), host transfers,
-random generators made, bytes of device memory allocated, bytes moved (what the kernels read
-and write, each array once) and the matrix products' FLOPs. The launches depend on the number
-of layers and heads and on the code path, not on the widths, so they say what the step costs
-on a GPU in launches: at a few microseconds each, 3,000 launches are about 10 ms a step before
-any arithmetic (the H200 ran baby-gpt at 77-80 ms a step, nanoGPT at 14; issue 26). The bytes
-and FLOPs grow with the widths: at the preset's own (``--set n_embd=384 --set block_size=256
---set batch_size=64``, a minute of NumPy) the last line, the device floor, is what the step
-costs a GPU at its peak rates (``--gpu h100|h200``, bench/kernel_counts.py's numbers).
+random generators made, megabytes (10^6 bytes) of device memory allocated and moved (what the
+kernels read and write, each array once) and the matrix products' FLOPs. The launches depend on
+the number of layers and heads and on the code path, not on the widths, so they say what the
+step costs on a GPU in launches: at a few microseconds each, 3,000 launches are about 10 ms a
+step before any arithmetic (the H200 ran baby-gpt at 77-80 ms a step, nanoGPT at 14; issue 26).
+The bytes and FLOPs grow with the widths: at the preset's own (``--set n_embd=384 --set
+block_size=256 --set batch_size=64``, a minute of NumPy) the last line, the device floor, is
+what the step costs a GPU at its peak rates (``--gpu h100|h200``, bench/kernel_counts.py's).
 
     python bench/gpu_step_counts.py [--steps 2] [--set FIELD=VALUE ...] [--sites 30]
 
@@ -288,7 +288,7 @@ def report(phases: dict[str, dict], gpu: Any = None) -> str:
         lines.append(
             f"{phase:12s}{c['kernel_launches']:10,d}{c['host_to_device']:11d}"
             f"{c['device_to_host']:11d}{c['generators_created']:12d}"
-            f"{c['bytes_allocated'] / 2**20:10.2f}{c['bytes_moved'] / 2**20:10.2f}"
+            f"{c['bytes_allocated'] / 1e6:10.2f}{c['bytes_moved'] / 1e6:10.2f}"
             f"{c['matmul_flops'] / 1e9:9.3f}"
         )
     if gpu is not None:
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         total = counts["step"]["bytes_moved"]
         print(f"\nthe {args.sites} lines that move the most bytes (MB, share of the step's):")
         for where, n in moved.most_common(args.sites):
-            print(f"{n / 2**20:9.1f} {n / total:5.1%}  {where}")
+            print(f"{n / 1e6:9.1f} {n / total:5.1%}  {where}")
 
 
 if __name__ == "__main__":

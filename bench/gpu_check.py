@@ -12,21 +12,21 @@ going on after a failure:
    kernels, "off", and the tensor-core ones, "tf32" and "3xtf32"; this script again, with
    --kernel-split, which then runs each kernel at each tile of SWEEP_TILES at T=4096, the
    tile tables' decision in the same run), the GPU half of bench/attention.py (--device cuda
-   --skip-kv at ATTENTION_T, the same kernels beside the naive CuPy path and torch SDPA), the
-   counts of bench/kernel_counts.py (--no-emulate; a note in the report where the script is
-   absent), a short
-   bench/train_vs_torch.py --device cuda (baby-gpt), one step's phases timed apart at
-   baby-gpt's widths and at tiny ones, the host's floor (bench/gpu_step_counts.py --time
-   cuda), nanoGPT's own train.py on the same
-   GPU where a prepared checkout was carried along (bench/nanogpt_peer.py), and ours again in
-   a third of the steps with attention and its dropout in the flash kernel (--attn-impl=flash);
+   --skip-kv at ATTENTION_T, the same kernels beside the naive CuPy path and torch SDPA), a
+   short bench/train_vs_torch.py --device cuda (baby-gpt), nanoGPT's own train.py on the same
+   GPU where a prepared checkout was carried along (bench/nanogpt_peer.py), ours again in a
+   third of the steps with attention and its dropout in the flash kernel (--attn-impl=flash),
+   and one step's phases timed apart at baby-gpt's widths and at tiny ones, the host's floor
+   (bench/gpu_step_counts.py --time cuda);
 3. compute-sanitizer's memcheck, racecheck and synccheck on the flash-attention kernels (every
    `tensor_cores` choice the GPU has), on a small case and an odd-sized one (this script
    again, with --kernel-case, checks the kernels' output against the NumPy twin so a crashed
    run never reads as clean);
-4. as the budget allows, the training benchmark again in shorter runs: strict float32 on both
-   sides (`--matmul-precision=highest`), and ours with the plain forms instead of the fused
-   kernels (`MINIGRAD_FAST_PATHS=0`).
+4. as the budget allows: the counts of bench/kernel_counts.py (--no-emulate: nvcc's static
+   mix and ptxas's registers, which a machine without a GPU gives too; a note in the report
+   where the script is absent), and the training benchmark again in shorter runs: strict
+   float32 on both sides (`--matmul-precision=highest`), and ours with the plain forms instead
+   of the fused kernels (`MINIGRAD_FAST_PATHS=0`).
 
 With `--budget SECONDS` (the default fits an 8-minute lease), a step starts only if its
 expected time (`Step.seconds`: the H200 run's, rounded up, or a guess) fits in what is left, and it
@@ -428,16 +428,9 @@ def plan(
         attention = [python, str(ROOT / "bench" / "attention.py"), "--device", "cuda", "--skip-kv"]
         attention += ["--T", *(str(T) for T in ATTENTION_T)]
         steps.append(Step("bench/attention.py --device cuda", attention, "attention", 90))
-        counted = [python, str(COUNTS_SCRIPT), "--no-emulate"]
-        absent = "" if counts else "bench/kernel_counts.py is not in this checkout: no counts"
-        steps.append(Step("bench/kernel_counts.py --no-emulate", counted, "counts", 30, absent))
         train = [python, str(ROOT / "bench" / "train_vs_torch.py"), "--device", "cuda"]
         train += ["--iters", str(iters), "--quiet"]
         steps.append(Step(f"bench/train_vs_torch.py baby-gpt, {iters} steps", train, "train", 90))
-        # where one step's time goes (forward, backward, optimiser) and how much of it is the
-        # host's: what decides the next fusion (issue 26); a guess of 20 s
-        phases = [python, str(ROOT / "bench" / "gpu_step_counts.py"), "--time", "cuda"]
-        steps.append(Step("one step's phases and the host's floor", phases, "step", 20))
         peer = [python, str(ROOT / "bench" / "nanogpt_peer.py"), "--iters", str(iters)]
         missing = "" if (PEER_DIR / "data" / "shakespeare_char" / "train.bin").exists() else (
             f"no prepared nanoGPT checkout in {PEER_DIR.relative_to(ROOT)}: see "
@@ -450,6 +443,10 @@ def plan(
         flash = [*train[:-3], "--iters", str(max(iters // 3, 1)), "--quiet", "--attn-impl=flash"]
         steps.append(Step(f"the same, attention in the flash kernel, {max(iters // 3, 1)} steps",
                           flash, "train", 60))  # fmt: skip
+        # where one step's time goes (forward, backward, optimiser) and how much of it is the
+        # host's: what decides the next fusion (issue 26); a guess of 20 s
+        phases = [python, str(ROOT / "bench" / "gpu_step_counts.py"), "--time", "cuda"]
+        steps.append(Step("one step's phases and the host's floor", phases, "step", 20))
     if sanitizer is None:
         missing = "compute-sanitizer is not on PATH: install the CUDA toolkit to run it"
         steps.append(Step("compute-sanitizer (all tools)", [], "none", 0, missing))
@@ -461,6 +458,11 @@ def plan(
                 title = f"{tool}, {case} case {KERNEL_CASES[case]}"
                 steps.append(Step(title, command, tool, seconds))
     if not skip_bench:
+        # After the sanitizers: the static counts are nvcc's and ptxas's, which any machine with
+        # nvcc gives (bench/results has them); on the GPU they only confirm the toolkit there.
+        counted = [python, str(COUNTS_SCRIPT), "--no-emulate"]
+        absent = "" if counts else "bench/kernel_counts.py is not in this checkout: no counts"
+        steps.append(Step("bench/kernel_counts.py --no-emulate", counted, "counts", 30, absent))
         # last, as the budget allows: the training step against strict float32 (both sides)
         # and without our fused kernels (ours only), in shorter runs (guesses: 60 s each)
         short = max(iters // 3, 1)

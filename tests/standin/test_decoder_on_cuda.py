@@ -12,6 +12,8 @@ the gradient norm out, the ids and targets in).
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,7 @@ from decoder.training.checkpoint import load_checkpoint
 from decoder.training.config import PRESETS, build_configs
 from decoder.training.loop import train
 from decoder.training.step import lm_loss, train_step
+from minigrad.kernels import emulator
 from minigrad.nn.lora import apply_lora, lora_state_dict, merge_lora
 from minigrad.optim import AdamW
 from tests.support.numerics import assert_close
@@ -241,6 +244,42 @@ def test_dropout_and_exact_gelu_run_on_the_device(fake_cupy):
     assert np.isfinite(loss)
     y = F.gelu(mg.tensor([-1.0, 0.0, 2.0], device="cuda"), approximate="none")
     np.testing.assert_allclose(y.numpy(), [-0.158655, 0.0, 1.954500], atol=1e-6)
+
+
+@pytest.mark.summation_order
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++: the emulator builds the kernel")
+def test_a_training_step_with_attention_dropout_in_the_kernel_equals_the_naive_one(fake_cupy):
+    """What make gpu-check's flash training row runs, on the stand-in: a model in training mode
+    with dropout everywhere, one step through the emulated kernel (hs 16) and one through the
+    naive path, from the same weights and generator. Each layer draws its attention seed where
+    the naive path draws its mask, and both drop by the same hash (issue 26), so the two steps
+    drop the same weights: the same loss, gradients and generator state, to float32 rounding."""
+    ids = np.random.default_rng(3).integers(0, 65, (2, 16))
+    out = {}
+    for impl in ("naive", "flash"):
+        model_cfg, _ = configs("tiny", "cuda", n_layer=2, dropout=0.2, attn_impl=impl)
+        mg.manual_seed(0)
+        model = Decoder(model_cfg).to("cuda")
+        model.train()
+        with emulator.count_launches() as launches:
+            _, loss = model(ids, np.roll(ids, -1, axis=1))
+            loss.backward()
+        grads = {n: mg.Tensor(p.grad).numpy() for n, p in model.named_parameters()}
+        out[impl] = loss.item(), grads, mg.randn(3).numpy()  # the generator's next draws
+        kernels = {(x.name, "-DDROPOUT=1" in x.options) for x in launches if "flash" in x.name}
+        if impl == "flash":  # forward and backward in the kernels built with dropout
+            assert {("flash_attn_fwd", True), ("flash_attn_bwd_dq", True)} <= kernels
+        else:
+            assert not kernels
+    assert_close(out["flash"][0], out["naive"][0], rtol=1e-5, atol=0)
+    for name, g in out["naive"][1].items():  # float32 sums in other orders
+        assert_close(out["flash"][1][name], g, rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_array_equal(out["flash"][2], out["naive"][2])  # the same draws made
+    model_cfg, _ = configs("tiny", "cuda", n_layer=2, dropout=0.0, attn_impl="flash")
+    mg.manual_seed(0)
+    model = Decoder(model_cfg).to("cuda")
+    model.train()
+    assert not np.isclose(model(ids, np.roll(ids, -1, axis=1))[1].item(), out["flash"][0])
 
 
 def test_tf32_training_is_the_run_s_choice_and_ends_with_it(tmp_path, fake_cupy):

@@ -120,14 +120,20 @@ def test_a_cupy_array_made_before_cuda_was_asked_for_is_on_cuda(fake_cupy):
     assert backend.xp_of(x) is fake_cupy and mg.Tensor(x).device == "cuda"
 
 
+def growth(cupy, counter: str):
+    """A function that runs ``fn`` and gives how much the stand-in's ``counter`` grew."""
+
+    def grew(fn) -> int:
+        before = getattr(cupy, counter)
+        fn()
+        return getattr(cupy, counter) - before
+
+    return grew
+
+
 def test_each_kernel_is_counted_and_views_are_not(fake_cupy):
     cp = fake_cupy
-
-    def launches(fn):
-        before = cp.kernel_launches
-        fn()
-        return cp.kernel_launches - before
-
+    launches = growth(cp, "kernel_launches")
     x = cp.arange(6.0)  # a fill: one kernel
     assert cp.kernel_launches == 1 and cp.bytes_allocated == 48
     assert launches(lambda: x.reshape(2, 3).T[0]) == 0  # views
@@ -145,12 +151,7 @@ def test_each_kernel_is_counted_and_views_are_not(fake_cupy):
 
 def test_each_launch_moves_the_arrays_it_touches_once_and_products_count_their_flops(fake_cupy):
     cp = fake_cupy
-
-    def moved(fn):
-        before = cp.bytes_moved
-        fn()
-        return cp.bytes_moved - before
-
+    moved = growth(cp, "bytes_moved")
     x = cp.ones((4, 8), dtype=np.float32)  # 128 bytes
     b = cp.ones(8, dtype=np.float32)  # 32: a broadcast operand is read at its own size
     assert moved(lambda: x + b) == 128 + 32 + 128
@@ -167,11 +168,11 @@ def test_each_launch_moves_the_arrays_it_touches_once_and_products_count_their_f
     assert moved(lambda: axpy(x, b, np.float32(2))) == 128 + 32 + 128
     assert moved(lambda: cp.random.RandomState(0).random_sample(3)) == 24
     w = cp.ones((8, 5), dtype=np.float32)
-    before, moves = cp.matmul_flops, moved(lambda: x @ w)
-    assert cp.matmul_flops - before == 2 * 4 * 5 * 8 and moves == 128 + 160 + 80
-    before = cp.matmul_flops
-    cp.matmul(cp.ones((3, 4, 8)), cp.ones((8, 2)))  # batched: 3 products of (4, 8) @ (8, 2)
-    assert cp.matmul_flops - before == 2 * 3 * 4 * 2 * 8
+    flops = growth(cp, "matmul_flops")
+    assert moved(lambda: x @ w) == 128 + 160 + 80
+    assert flops(lambda: x @ w) == 2 * 4 * 5 * 8
+    a, c = cp.ones((3, 4, 8)), cp.ones((8, 2))
+    assert flops(lambda: cp.matmul(a, c)) == 2 * 3 * 4 * 2 * 8  # batched: 3 of (4, 8) @ (8, 2)
     assert moved(lambda: x.get()) == 0  # a transfer, not a kernel (counted apart)
 
 

@@ -239,8 +239,10 @@ __device__ __forceinline__ float masked_score(float dot, int i, int j, int T, in
 // path's dropout runs, so both paths drop the same weights. With dropout:
 //   forward   O = (P * Z) V, while l and lse sum the undropped P (Z: these factors);
 //   backward  dV = (P * Z)^T dO,  dS = P * (Z * dP - D),  D = rowsum(dO * O) as before.
+// In a module built without dropout (DROPOUT 0) it is 1, a constant the compiler folds away.
 __device__ __forceinline__ float dropout_factor(unsigned long long seed, float p, float keep_scale,
                                                 long long bh, int i, int j, int T, int S) {
+    if (!DROPOUT) return 1.0f;  // a module built without dropout: every weight kept as it is
     const unsigned long long n = ((unsigned long long)bh * T + i) * S + j;
     unsigned long long z = seed + (n + 1) * 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -330,10 +332,8 @@ extern "C" __launch_bounds__(NTHREADS, MIN_BLOCKS) __global__ void flash_attn_fw
 #pragma unroll
             for (int b = 0; b < SCT; ++b) {
                 const float p = expf(s[a][b] - m_safe);
-                const float z = DROPOUT ? dropout_factor(seed, dropout_p, keep_scale, bh,
-                                                                  q0 + r0 + a, k0 + tx + TC * b,
-                                                                  T, S)
-                                                 : 1.0f;
+                const float z = dropout_factor(seed, dropout_p, keep_scale, bh, q0 + r0 + a,
+                                               k0 + tx + TC * b, T, S);
                 sP[(r0 + a) * LDP + tx + TC * b] = p * z;  // P V takes the dropped weights
                 l_tile += p;                               // the softmax's sum does not
             }
@@ -444,9 +444,8 @@ extern "C" __launch_bounds__(NTHREADS, MIN_BLOCKS) __global__ void flash_attn_bw
                     const float s = masked_score(st[a][b], q0 + r, k0 + c0 + a, T, S, scale,
                                                  slope, causal, window);
                     const float p = expf(s - sLse[r]);  // masked: exp(-inf) = 0
-                    const float z = DROPOUT ? dropout_factor(seed, dropout_p, keep_scale,
-                                                                      bh, q0 + r, k0 + c0 + a, T, S)
-                                                     : 1.0f;
+                    const float z = dropout_factor(seed, dropout_p, keep_scale, bh, q0 + r,
+                                                   k0 + c0 + a, T, S);
                     sPt[(c0 + a) * LDP + r] = p * z;
                     sdSt[(c0 + a) * LDP + r] = p * (z * dpt[a][b] - sD[r]);
                 }
@@ -526,9 +525,8 @@ extern "C" __launch_bounds__(NTHREADS, MIN_BLOCKS) __global__ void flash_attn_bw
                 const float p = expf(masked_score(s[a][b], q0 + r0 + a, k0 + c, T, S, scale,
                                                   slope, causal, window) -
                                      lse_safe[a]);
-                const float z = DROPOUT ? dropout_factor(seed, dropout_p, keep_scale, bh,
-                                                                  q0 + r0 + a, k0 + c, T, S)
-                                                 : 1.0f;
+                const float z = dropout_factor(seed, dropout_p, keep_scale, bh, q0 + r0 + a,
+                                               k0 + c, T, S);
                 sdS[(r0 + a) * LDP + c] = p * (z * dp[a][b] - row_D[a]);
             }
         __syncthreads();  // the whole dS tile is in shared memory

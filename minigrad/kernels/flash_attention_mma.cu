@@ -254,9 +254,10 @@ __device__ __forceinline__ float masked_score(float dot, int i, int j, int T, in
 
 // As flash_attention.cu: attention dropout's factor, 1 / (1 - p) or 0, for the weight of query i
 // and key j of the pair bh, from splitmix64 of (seed, its index in the (B, nh, T, S) array): the
-// naive path's mask on the GPU, element for element.
+// naive path's mask on the GPU, element for element; 1 in a module built without dropout.
 __device__ __forceinline__ float dropout_factor(unsigned long long seed, float p, float keep_scale,
                                                 long long bh, int i, int j, int T, int S) {
+    if (!DROPOUT) return 1.0f;  // a module built without dropout: every weight kept as it is
     const unsigned long long n = ((unsigned long long)bh * T + i) * S + j;
     unsigned long long z = seed + (n + 1) * 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -342,9 +343,8 @@ extern "C" __launch_bounds__(NTHREADS) __global__ void flash_mma_fwd(
                     float& x = s[n][2 * half + e];
                     x = expf(x - m_safe);  // from here on s holds P
                     l_tile += x;           // the softmax's sum takes P undropped,
-                    if (DROPOUT)  // P V the dropped weights
-                        x *= dropout_factor(seed, dropout_p, keep_scale, bh, i,
-                                            k0 + 8 * n + 2 * t + e, T, S);
+                    x *= dropout_factor(seed, dropout_p, keep_scale, bh, i,  // P V the
+                                        k0 + 8 * n + 2 * t + e, T, S);       // dropped ones
                 }
             l[half] = fmaf(alpha, l[half], quad_sum(l_tile));
             m[half] = m_new;
@@ -432,9 +432,8 @@ extern "C" __launch_bounds__(NTHREADS) __global__ void flash_mma_bwd_dkdv(
                     const float s = masked_score(st[n][i], qt + r, key, T, S, scale, slope,
                                                  causal, window);
                     const float p = expf(s - sLse[r]);
-                    const float z = DROPOUT ? dropout_factor(seed, dropout_p, keep_scale,
-                                                                      bh, qt + r, key, T, S)
-                                                     : 1.0f;
+                    const float z =
+                        dropout_factor(seed, dropout_p, keep_scale, bh, qt + r, key, T, S);
                     st[n][i] = p * z;                         // (P * Z)^T, for dV
                     dpt[n][i] = p * (z * dpt[n][i] - sD[r]);  // dS^T
                 }
@@ -509,9 +508,7 @@ extern "C" __launch_bounds__(NTHREADS, DQ_MIN_BLOCKS) __global__ void flash_mma_
                 const float p = expf(masked_score(s[n][i], row, key, T, S, scale, slope, causal,
                                                   window) -
                                      lse_safe[half]);
-                const float z =
-                    DROPOUT ? dropout_factor(seed, dropout_p, keep_scale, bh, row, key, T, S)
-                                     : 1.0f;
+                const float z = dropout_factor(seed, dropout_p, keep_scale, bh, row, key, T, S);
                 s[n][i] = p * (z * dp[n][i] - row_D[half]);  // dS
             }
 

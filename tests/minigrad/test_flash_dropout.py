@@ -206,6 +206,15 @@ def run(q, k, v, grad_o, device, **kwargs):
     return ctx, [to_numpy(a) for a in (out.data, q.grad, k.grad, v.grad)]
 
 
+def run_drawing_nothing(q, k, v, grad_o, **kwargs):
+    """``run``'s arrays for sdpa(impl="flash") on the CPU with a generator, which it must leave
+    as it was: no mask drawn."""
+    rng = np.random.default_rng(0)
+    _, got = run(q, k, v, grad_o, "cpu", impl="flash", rng=rng, **kwargs)
+    assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state
+    return got
+
+
 @pytest.mark.parametrize("fast", [True, False], ids=["fused-dropout", "plain-dropout"])
 @pytest.mark.parametrize(
     "causal, alibi, window", [(True, True, None), (False, False, None), (True, False, 3)]
@@ -277,12 +286,10 @@ def test_p_zero_is_the_plain_path_bit_for_bit():
     for got, want in zip(grads0, grads, strict=True):
         np.testing.assert_array_equal(got, want)
     # through sdpa: training with p = 0 is evaluation, and draws nothing
-    rng = np.random.default_rng(0)
-    _, trained = run(q, k, v, grad_o, "cpu", impl="flash", dropout_p=0.0, training=True, rng=rng)
+    trained = run_drawing_nothing(q, k, v, grad_o, dropout_p=0.0, training=True)
     _, evaluated = run(q, k, v, grad_o, "cpu", impl="flash")
     for got, want in zip(trained, evaluated, strict=True):
         np.testing.assert_array_equal(got, want)
-    assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state
 
 
 def test_p_one_drops_everything_without_nan():
@@ -295,21 +302,16 @@ def test_p_one_drops_everything_without_nan():
     for name, g in zip(("dq", "dk", "dv"), grads, strict=True):
         np.testing.assert_array_equal(g, np.zeros_like(g), err_msg=name)
     # through sdpa, as the naive path: zeros, and no draw (nothing is kept, no mask is made)
-    rng = np.random.default_rng(0)
-    _, got = run(q, k, v, grad_o, "cpu", impl="flash", dropout_p=1.0, training=True, rng=rng)
-    for g in got:
+    for g in run_drawing_nothing(q, k, v, grad_o, dropout_p=1.0, training=True):
         np.testing.assert_array_equal(g, np.zeros_like(g))
-    assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state
 
 
 def test_evaluation_ignores_dropout():
     q, k, v, grad_o = inputs(1, 2, 1, 6, 6, 4)
-    rng = np.random.default_rng(0)
-    _, evaluated = run(q, k, v, grad_o, "cpu", impl="flash", dropout_p=0.5, training=False, rng=rng)
+    evaluated = run_drawing_nothing(q, k, v, grad_o, dropout_p=0.5, training=False)
     _, plain = run(q, k, v, grad_o, "cpu", impl="flash")
     for got, want in zip(evaluated, plain, strict=True):
         np.testing.assert_array_equal(got, want)
-    assert rng.bit_generator.state == np.random.default_rng(0).bit_generator.state
 
 
 def test_the_generator_advances_by_one_draw_and_gives_the_seed():

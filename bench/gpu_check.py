@@ -715,29 +715,29 @@ def tile_sweep(choices: list[str]) -> int:
     failed = 0
     for choice in choices:
         prefix = "flash_attn_" if choice == "off" else "flash_mma_"
+        table = launcher._TILES if choice == "off" else launcher._MMA_TILES
+        forward = functools.partial(
+            launcher.flash_attention_forward_cuda, q, k, v, tensor_cores=choice
+        )
         for kernel in ("fwd", "bwd_dkdv", "bwd_dq"):
             name = prefix + kernel
-            table = launcher._TILES if choice == "off" else launcher._MMA_TILES
             tiles = [tile for tile in table[name] if tile in SWEEP_TILES]
             if len(tiles) < 2:
                 continue
             plan = launcher.launch_plan(name, hs, attributes)[0]
+            pass_name = "forward" if kernel == "fwd" else "backward"
             for tile in tiles:
                 try:
                     with forced_tile(name, tile):
-                        forward = functools.partial(
-                            launcher.flash_attention_forward_cuda, q, k, v, tensor_cores=choice
-                        )
-                        o, lse = forward()
-                        backward = functools.partial(
-                            launcher.flash_attention_backward_cuda,
-                            *(q, k, v, o, lse, grad_o),
-                            tensor_cores=choice,
-                        )
-                        pass_name, fn = ("forward", forward) if kernel == "fwd" else (
-                            "backward", backward
-                        )  # fmt: skip
-                        ms = best_ms(fn)
+                        if kernel == "fwd":
+                            ms = best_ms(forward)
+                        else:
+                            backward = functools.partial(
+                                launcher.flash_attention_backward_cuda,
+                                *(q, k, v, *forward(), grad_o),
+                                tensor_cores=choice,
+                            )
+                            ms = best_ms(backward)
                 except ValueError as e:  # the tile's shared memory does not fit this GPU
                     print(f"  (tile {choice} {name} {tile}: does not fit: {e})")
                     continue
